@@ -1,0 +1,187 @@
+// Package config holds nodeagent's configuration schema, its YAML loader and
+// its validation. Every error names the file, the line and the field.
+package config
+
+import "time"
+
+// Config is the whole of /etc/nodeagent/nodeagent.yaml.
+type Config struct {
+	Node       Node              `yaml:"node"`
+	DAD        DAD               `yaml:"dad"`
+	Sysctls    map[string]string `yaml:"sysctls"`
+	VLANs      []VLAN            `yaml:"vlans"`
+	Macvlans   []Macvlan         `yaml:"macvlans"`
+	WireGuard  []WireGuard       `yaml:"wireguard"`
+	Routing    Routing           `yaml:"routing"`
+	Firewall   Firewall          `yaml:"firewall"`
+	Kubernetes Kubernetes        `yaml:"kubernetes"`
+	Checks     Checks            `yaml:"checks"`
+
+	// File is the path the config was read from; it prefixes every error.
+	File string `yaml:"-"`
+}
+
+// Node identifies this node.
+type Node struct {
+	// Name defaults to the hostname.
+	Name string `yaml:"name"`
+}
+
+// DAD configures RFC 5227 duplicate-address detection before an IPv4
+// address is claimed, and the gratuitous ARP announcements after it.
+type DAD struct {
+	// Disabled turns probing and announcing off.
+	Disabled bool `yaml:"disabled"`
+	// Probes is how many ARP probes are sent (RFC 5227 PROBE_NUM, default 3).
+	Probes int `yaml:"probes"`
+	// Interval is the gap between probes (default 1s; tests use a short one).
+	Interval time.Duration `yaml:"interval"`
+	// Wait is how long to listen for an answer after the last probe
+	// (RFC 5227 ANNOUNCE_WAIT, default 2s).
+	Wait time.Duration `yaml:"wait"`
+	// Announcements is how many gratuitous ARPs follow a claim (default 2).
+	Announcements int `yaml:"announcements"`
+}
+
+// VLAN is an 802.1Q sub-interface on a trunk.
+type VLAN struct {
+	Name      string   `yaml:"name"`
+	Parent    string   `yaml:"parent"`
+	ID        int      `yaml:"id"`
+	MTU       int      `yaml:"mtu"` // 0: inherit the kernel default (the parent's)
+	Up        *bool    `yaml:"up"`  // default true
+	Addresses []string `yaml:"addresses"`
+	// Adopt takes over an existing link of this name that nodeagent did not
+	// create (it is marked as nodeagent's from then on).
+	Adopt bool `yaml:"adopt"`
+}
+
+// Macvlan is a host shim so the host can reach its own macvlan pods.
+type Macvlan struct {
+	Name      string   `yaml:"name"`
+	Parent    string   `yaml:"parent"`
+	Mode      string   `yaml:"mode"` // bridge (default), private, vepa, passthru
+	MTU       int      `yaml:"mtu"`
+	Up        *bool    `yaml:"up"`
+	Addresses []string `yaml:"addresses"`
+	Adopt     bool     `yaml:"adopt"`
+}
+
+// WireGuard is one WireGuard interface.
+type WireGuard struct {
+	Name           string   `yaml:"name"`
+	PrivateKeyFile string   `yaml:"privateKeyFile"`
+	ListenPort     int      `yaml:"listenPort"`
+	FwMark         int      `yaml:"fwMark"`
+	MTU            int      `yaml:"mtu"`
+	Addresses      []string `yaml:"addresses"`
+	// Implementation is auto (default), kernel or userspace.
+	Implementation string   `yaml:"implementation"`
+	PeersDir       string   `yaml:"peersDir"`
+	Peers          []WGPeer `yaml:"peers"`
+	PIA            *PIA     `yaml:"pia"`
+}
+
+// WGPeer is one WireGuard peer.
+type WGPeer struct {
+	Name                string   `yaml:"name"`
+	PublicKey           string   `yaml:"publicKey"`
+	PresharedKeyFile    string   `yaml:"presharedKeyFile"`
+	Endpoint            string   `yaml:"endpoint"`
+	AllowedIPs          []string `yaml:"allowedIPs"`
+	PersistentKeepalive int      `yaml:"persistentKeepalive"`
+}
+
+// PIA configures the Private Internet Access provider for a tunnel.
+type PIA struct {
+	Region          string `yaml:"region"`
+	CredentialsFile string `yaml:"credentialsFile"`
+	PortForward     bool   `yaml:"portForward"`
+}
+
+// Routing is policy routing: tables with routes, and rules.
+type Routing struct {
+	Tables []Table `yaml:"tables"`
+	Rules  []Rule  `yaml:"rules"`
+}
+
+// Table is one routing table.
+type Table struct {
+	ID         int     `yaml:"id"`
+	Name       string  `yaml:"name"`
+	KillSwitch bool    `yaml:"killSwitch"`
+	Routes     []Route `yaml:"routes"`
+}
+
+// Route is one route in a table.
+type Route struct {
+	To     string `yaml:"to"` // CIDR or "default"
+	Via    string `yaml:"via"`
+	Dev    string `yaml:"dev"`
+	Src    string `yaml:"src"`
+	Metric int    `yaml:"metric"`
+	Scope  string `yaml:"scope"` // global, link, host
+	Type   string `yaml:"type"`  // unicast (default), unreachable, blackhole, prohibit
+	OnLink bool   `yaml:"onlink"`
+}
+
+// Rule is one policy routing rule.
+type Rule struct {
+	Priority             int    `yaml:"priority"`
+	From                 string `yaml:"from"`
+	To                   string `yaml:"to"`
+	IIF                  string `yaml:"iif"`
+	OIF                  string `yaml:"oif"`
+	FwMark               string `yaml:"fwmark"` // "0x10" or "0x10/0xff"
+	Table                int    `yaml:"table"`
+	SuppressPrefixLength *int   `yaml:"suppressPrefixLength"`
+	Action               string `yaml:"action"` // table (default), unreachable, blackhole, prohibit
+	Invert               bool   `yaml:"invert"`
+}
+
+// Firewall is nodeagent's own nftables ruleset.
+type Firewall struct {
+	Masquerade []Masquerade `yaml:"masquerade"`
+	KillSwitch []KillSwitch `yaml:"killSwitch"`
+	MSSClamp   []string     `yaml:"mssClamp"`
+}
+
+// Masquerade rewrites the source of traffic from From leaving by Out.
+type Masquerade struct {
+	From string `yaml:"from"`
+	Out  string `yaml:"out"`
+}
+
+// KillSwitch lets forwarded traffic from From leave only by AllowOut.
+type KillSwitch struct {
+	From     string   `yaml:"from"`
+	AllowOut []string `yaml:"allowOut"`
+}
+
+// Kubernetes configures Node labelling.
+type Kubernetes struct {
+	Kubeconfig        string             `yaml:"kubeconfig"`
+	Labels            map[string]string  `yaml:"labels"`
+	ConditionalLabels []ConditionalLabel `yaml:"conditionalLabels"`
+}
+
+// ConditionalLabel is present on the Node only while When holds.
+type ConditionalLabel struct {
+	Key   string `yaml:"key"`
+	Value string `yaml:"value"`
+	When  string `yaml:"when"`
+}
+
+// Checks are probes the node must pass.
+type Checks struct {
+	ARPReachable []string `yaml:"arpReachable"`
+}
+
+// UpOrDefault reports whether the link should be administratively up.
+func upOrDefault(p *bool) bool { return p == nil || *p }
+
+// IsUp reports whether the VLAN should be administratively up.
+func (v VLAN) IsUp() bool { return upOrDefault(v.Up) }
+
+// IsUp reports whether the macvlan should be administratively up.
+func (m Macvlan) IsUp() bool { return upOrDefault(m.Up) }

@@ -1,0 +1,145 @@
+// Package host is the handle every subsystem converges through: a netlink
+// handle bound to one network namespace, a way to run socket-opening code
+// inside that namespace, and the ownership marks nodeagent stamps on what it
+// creates.
+//
+// Binding everything to an explicit namespace is what lets a test run the
+// real converger inside a throwaway netns without the test process (or any
+// other goroutine) ever changing namespace.
+package host
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Ownership marks (DESIGN.md §4). They live in the kernel, so they survive
+// a restart and let nodeagent adopt its own objects after a crash.
+const (
+	// LinkAlias is the IFLA_IFALIAS of every link nodeagent created.
+	LinkAlias = "nodeagent"
+	// Proto is nodeagent's route protocol number, also used as the rule
+	// FRA_PROTOCOL and the address IFA_PROTO. packaging/ installs an
+	// rt_protos.d entry so `ip route` prints it by name.
+	Proto = 147
+)
+
+// Host is a handle on one network namespace.
+type Host struct {
+	ns     netns.NsHandle // netns.None() for the caller's own namespace
+	nl     *netlink.Handle
+	route  *nl.SocketHandle // raw rtnetlink socket for messages vishvananda cannot build
+	writes atomic.Int64
+	// AddrProto reports whether the kernel keeps IFA_PROTO on addresses
+	// (Linux 6.1 and later).
+	AddrProto bool
+}
+
+// Current returns a Host for the namespace of the calling process.
+func Current() (*Host, error) { return Open(netns.None()) }
+
+// Open returns a Host bound to ns. The caller keeps ownership of ns; pass
+// netns.None() for the current namespace.
+func Open(ns netns.NsHandle) (*Host, error) {
+	h := &Host{ns: ns}
+	var err error
+	if ns.IsOpen() {
+		h.nl, err = netlink.NewHandleAt(ns)
+	} else {
+		h.nl, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	cur := netns.None()
+	var sock *nl.NetlinkSocket
+	if ns.IsOpen() {
+		cur, err = netns.Get()
+		if err != nil {
+			h.nl.Close()
+			return nil, fmt.Errorf("current netns: %w", err)
+		}
+		defer cur.Close()
+		sock, err = nl.GetNetlinkSocketAt(ns, cur, unix.NETLINK_ROUTE)
+	} else {
+		sock, err = nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
+	}
+	if err != nil {
+		h.nl.Close()
+		return nil, fmt.Errorf("rtnetlink socket: %w", err)
+	}
+	h.route = &nl.SocketHandle{Socket: sock}
+	h.AddrProto = kernelAtLeast(6, 1)
+	return h, nil
+}
+
+// Close releases the handle's sockets (not the namespace).
+func (h *Host) Close() {
+	h.nl.Close()
+	h.route.Close()
+}
+
+// NL returns the netlink handle bound to the namespace. Callers that write
+// through it must count the write with Wrote.
+func (h *Host) NL() *netlink.Handle { return h.nl }
+
+// NS returns the namespace handle (netns.None() for the current one).
+func (h *Host) NS() netns.NsHandle { return h.ns }
+
+// Wrote records n kernel writes; Writes reads the total. A no-op sync must
+// leave it unchanged, which is how tests and benchmarks prove "zero writes".
+func (h *Host) Wrote(n int) { h.writes.Add(int64(n)) }
+
+// Writes returns how many kernel writes went through this handle.
+func (h *Host) Writes() int64 { return h.writes.Load() }
+
+// Do runs fn on an OS thread that is inside the handle's namespace, for code
+// that opens sockets (AF_PACKET for ARP, for example): a socket belongs to
+// the namespace of the thread that created it. The caller's own thread never
+// changes namespace. If the thread cannot be switched back it is discarded.
+func (h *Host) Do(fn func() error) error {
+	if !h.ns.IsOpen() {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("current netns: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(h.ns); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			// Leave the thread locked: the runtime ends it with the goroutine.
+			errc <- fmt.Errorf("leave netns: %w", err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+func kernelAtLeast(major, minor int) bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false
+	}
+	var ma, mi int
+	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi)
+	return ma > major || (ma == major && mi >= minor)
+}

@@ -1,0 +1,233 @@
+// Package link converges VLAN sub-interfaces and macvlan host shims and
+// their addresses, with the Observe/Plan/Apply shape every nodeagent
+// subsystem has (DESIGN.md §2).
+//
+// Ownership: a link is nodeagent's when its IFLA_IFALIAS is host.LinkAlias.
+// A configured name that exists without the mark is a conflict and is never
+// modified unless the config says adopt. Addresses are nodeagent's when they
+// carry IFA_PROTO host.Proto; on kernels before 6.1, which drop IFA_PROTO,
+// the global addresses of owned links are treated as owned.
+package link
+
+import (
+	"fmt"
+	"github.com/nodeagent/nodeagent/netcfg/arp"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Kind is a link type this subsystem manages.
+type Kind string
+
+// The link kinds this subsystem creates. Other subsystems own other kinds
+// (WireGuard owns its own links), so a marked link of another kind is never
+// touched here.
+const (
+	VLAN    Kind = "vlan"
+	Macvlan Kind = "macvlan"
+)
+
+// Link is one desired link.
+type Link struct {
+	Name   string
+	Kind   Kind
+	Parent string
+	VLANID int    // VLAN only
+	Mode   string // macvlan only: bridge, private, vepa, passthru
+	MTU    int    // 0: not managed
+	Up     bool
+	Addrs  []netip.Prefix
+	Adopt  bool
+}
+
+// Desired is the whole desired state of this subsystem.
+type Desired struct {
+	Links []Link
+	// DAD configures duplicate-address detection; nil turns it off.
+	DAD *arp.Config
+}
+
+// ObservedLink is one link as the kernel has it.
+type ObservedLink struct {
+	Index  int
+	Name   string
+	Kind   string // kernel link type: vlan, macvlan, veth, dummy, ...
+	Parent string // name of the lower link, "" when none
+	VLANID int
+	Mode   string
+	MTU    int
+	Up     bool
+	Owned  bool
+	Addrs  []ObservedAddr
+}
+
+// ObservedAddr is one address on an observed link.
+type ObservedAddr struct {
+	Prefix netip.Prefix
+	Owned  bool // carries nodeagent's mark (or is global on an owned link on old kernels)
+}
+
+// Observed is the kernel state that matters to this subsystem: every link
+// nodeagent owns, every link the desired state names (as a link or a
+// parent), and leftovers of interrupted creations.
+type Observed struct {
+	Links map[string]ObservedLink
+	// Temps are links still carrying a temporary name (host.IsTempName).
+	Temps []ObservedLink
+}
+
+// Action is the first column of a plan line.
+type Action byte
+
+// Plan line actions, as in `nodeagent plan`.
+const (
+	Add    Action = '+'
+	Change Action = '~'
+	Remove Action = '-'
+	Fail   Action = '!'
+)
+
+// OpKind says what an Op does.
+type OpKind int
+
+// The operations a plan is made of, in the order Apply runs them.
+const (
+	OpDeleteTemp OpKind = iota
+	OpDeleteLink        // removed from config, or recreated
+	OpCreateLink
+	OpAdoptLink
+	OpSetMTU
+	OpSetUp
+	OpDelAddr
+	OpAddAddr
+	OpConflict // not applied: reported as a failure for its object
+)
+
+// Op is one change to one object.
+type Op struct {
+	Kind    OpKind
+	Link    string
+	Desired Link         // for create, adopt, MTU, up
+	Old     ObservedLink // for delete and change
+	Addr    netip.Prefix // for address ops
+	Reason  string       // for conflicts and recreations
+}
+
+// Action returns the op's plan symbol.
+func (o Op) Action() Action {
+	switch o.Kind {
+	case OpCreateLink, OpAddAddr:
+		return Add
+	case OpDeleteTemp, OpDeleteLink, OpDelAddr:
+		return Remove
+	case OpConflict:
+		return Fail
+	}
+	return Change
+}
+
+// Object names the kernel object the op is about, for errors and status.
+func (o Op) Object() string {
+	switch o.Kind {
+	case OpAddAddr, OpDelAddr:
+		return fmt.Sprintf("address %s on %s", o.Addr, o.Link)
+	}
+	return "link " + o.Link
+}
+
+func (o Op) String() string {
+	var s string
+	switch o.Kind {
+	case OpDeleteTemp:
+		s = fmt.Sprintf("link %s (left by an interrupted create)", o.Link)
+	case OpDeleteLink:
+		s = fmt.Sprintf("link %s (%s)", o.Link, describeObserved(o.Old))
+		if o.Reason != "" {
+			s += ": " + o.Reason
+		}
+	case OpCreateLink:
+		s = fmt.Sprintf("link %s (%s)", o.Link, describe(o.Desired))
+	case OpAdoptLink:
+		s = fmt.Sprintf("link %s adopt (mark as nodeagent's)", o.Link)
+	case OpSetMTU:
+		s = fmt.Sprintf("link %s mtu %d -> %d", o.Link, o.Old.MTU, o.Desired.MTU)
+	case OpSetUp:
+		s = fmt.Sprintf("link %s %s -> %s", o.Link, upDown(o.Old.Up), upDown(o.Desired.Up))
+	case OpAddAddr, OpDelAddr:
+		s = o.Object()
+	case OpConflict:
+		s = fmt.Sprintf("%s: %s", o.Object(), o.Reason)
+	}
+	return string(o.Action()) + " " + s
+}
+
+func upDown(up bool) string {
+	if up {
+		return "up"
+	}
+	return "down"
+}
+
+func describe(l Link) string {
+	var b strings.Builder
+	if l.Kind == VLAN {
+		fmt.Fprintf(&b, "vlan %d on %s", l.VLANID, l.Parent)
+	} else {
+		fmt.Fprintf(&b, "macvlan %s on %s", l.Mode, l.Parent)
+	}
+	if l.MTU != 0 {
+		fmt.Fprintf(&b, ", mtu %d", l.MTU)
+	}
+	fmt.Fprintf(&b, ", %s", upDown(l.Up))
+	return b.String()
+}
+
+func describeObserved(l ObservedLink) string {
+	if l.Kind == string(VLAN) {
+		return fmt.Sprintf("vlan %d on %s", l.VLANID, l.Parent)
+	}
+	return fmt.Sprintf("%s on %s", l.Kind, l.Parent)
+}
+
+// Plan is an ordered list of ops. The zero Plan changes nothing.
+type Plan struct {
+	Ops []Op
+	// Desired and Observed are what the plan was made from; Apply uses
+	// them to find parents and to observe the result.
+	Desired  Desired
+	Observed Observed
+}
+
+// Empty reports whether the plan changes nothing and reports nothing.
+func (p Plan) Empty() bool { return len(p.Ops) == 0 }
+
+// Conflicts returns the ops that cannot be applied.
+func (p Plan) Conflicts() []Op {
+	var out []Op
+	for _, o := range p.Ops {
+		if o.Kind == OpConflict {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// String is the dry-run text: one line per object.
+func (p Plan) String() string {
+	var b strings.Builder
+	for _, o := range p.Ops {
+		b.WriteString(o.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func sortPrefixes(ps []netip.Prefix) {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+}

@@ -1,0 +1,267 @@
+package link
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nodeagent/nodeagent/netcfg/arp"
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/testenv"
+	"github.com/vishvananda/netlink"
+)
+
+// fastDAD keeps probing real but short for tests.
+var fastDAD = &arp.Config{Probes: 2, Interval: 20 * time.Millisecond, Wait: 150 * time.Millisecond, Announcements: 1}
+
+func syncOnce(t *testing.T, h *host.Host, d Desired) (Plan, error) {
+	t.Helper()
+	ctx := context.Background()
+	o, err := Observe(ctx, h, d)
+	if err != nil {
+		t.Fatalf("observe: %v", err)
+	}
+	p := MakePlan(d, o)
+	_, err = Apply(ctx, h, p)
+	return p, err
+}
+
+func mustSync(t *testing.T, h *host.Host, d Desired) Plan {
+	t.Helper()
+	p, err := syncOnce(t, h, d)
+	if err != nil {
+		t.Fatalf("apply:\n%s\nerror: %v", p, err)
+	}
+	return p
+}
+
+// assertNoop proves a sync of d changes nothing: an empty plan, no write
+// through the handle and no rtnetlink notification in the namespace.
+func assertNoop(t *testing.T, ns *testenv.NetNS, d Desired) {
+	t.Helper()
+	mon := ns.NewMonitor(t)
+	before := ns.Host.Writes()
+	p := mustSync(t, ns.Host, d)
+	n, msgs := mon.Stop()
+	if !p.Empty() || ns.Host.Writes() != before || n != 0 {
+		t.Fatalf("second sync was not a no-op: plan %q, %d writes, %d notifications %v", p, ns.Host.Writes()-before, n, msgs)
+	}
+}
+
+// snapshot is what must stay untouched: `ip -d link` and `ip addr` of the
+// named links.
+func snapshot(t *testing.T, ns *testenv.NetNS, names ...string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(ns.Exec(t, "ip", "-d", "link", "show", "dev", n))
+		b.WriteString(ns.Exec(t, "ip", "addr", "show", "dev", n))
+	}
+	// Counters and timers move by themselves; ownership and config do not.
+	return stripVolatile(b.String())
+}
+
+// promiscuity is a counter the kernel raises on a parent when any macvlan
+// on it comes up; it is not configuration.
+var promisc = regexp.MustCompile(`promiscuity \d+`)
+
+func stripVolatile(s string) string {
+	var out []string
+	for _, l := range strings.Split(promisc.ReplaceAllString(s, ""), "\n") {
+		if strings.Contains(l, "valid_lft") {
+			continue
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
+}
+
+func trunkPair(t *testing.T) (node, other *testenv.NetNS) {
+	node, other = testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", other, "wire0")
+	return node, other
+}
+
+func shim(addrs ...string) Link {
+	l := Link{Name: "shim0", Kind: Macvlan, Parent: "trunk0", Mode: "bridge", Up: true}
+	for _, a := range addrs {
+		l.Addrs = append(l.Addrs, netip.MustParsePrefix(a))
+	}
+	return l
+}
+
+func TestMacvlanShimConvergesAndIsIdempotent(t *testing.T) {
+	node, _ := trunkPair(t)
+	d := Desired{Links: []Link{shim("10.10.50.3/32", "fd00:50::3/128")}, DAD: fastDAD}
+	mustSync(t, node.Host, d)
+
+	l, err := node.NL.LinkByName("shim0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Type() != "macvlan" || l.Attrs().Alias != host.LinkAlias || l.Attrs().Flags&net.FlagUp == 0 {
+		t.Fatalf("shim0: type %s alias %q flags %v", l.Type(), l.Attrs().Alias, l.Attrs().Flags)
+	}
+	assertMarkedAddr(t, node, l.Attrs().Index, "10.10.50.3/32")
+	assertNoop(t, node, d)
+
+	// Teardown removes it.
+	mustSync(t, node.Host, Desired{})
+	if _, err := node.NL.LinkByName("shim0"); err == nil {
+		t.Fatal("shim0 survived teardown")
+	}
+}
+
+func TestDuplicateAddressDetection(t *testing.T) {
+	node, other := trunkPair(t)
+	owner, err := other.NL.LinkByName("wire0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.NL.AddrAdd(owner, &netlink.Addr{IPNet: mustCIDR("10.10.50.100/24")}); err != nil {
+		t.Fatal(err)
+	}
+	d := Desired{Links: []Link{shim("10.10.50.100/24", "10.10.50.101/24")}, DAD: fastDAD}
+	_, err = syncOnce(t, node.Host, d)
+	if err == nil {
+		t.Fatal("claiming an address another host owns succeeded")
+	}
+	mac := owner.Attrs().HardwareAddr.String()
+	if !strings.Contains(err.Error(), mac) || !strings.Contains(err.Error(), "10.10.50.100") {
+		t.Fatalf("error does not name the answering MAC %s: %v", mac, err)
+	}
+	out := node.Exec(t, "ip", "-4", "addr", "show", "dev", "shim0")
+	if strings.Contains(out, "10.10.50.100") {
+		t.Fatalf("conflicting address was added:\n%s", out)
+	}
+	if !strings.Contains(out, "10.10.50.101/24") {
+		t.Fatalf("the free address was not added:\n%s", out)
+	}
+}
+
+// assertMarkedAddr checks that the address is on the link with nodeagent's
+// IFA_PROTO (the iproute2 in Debian 12 does not print it).
+func assertMarkedAddr(t *testing.T, ns *testenv.NetNS, index int, addr string) {
+	t.Helper()
+	addrs, err := ns.Host.AddrList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if a.LinkIndex == index && a.Prefix.String() == addr {
+			if !a.Owned() {
+				t.Fatalf("%s is not marked: proto %d", addr, a.Proto)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s is not on link %d: %v", addr, index, addrs)
+}
+
+func mustCIDR(s string) *net.IPNet {
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	n.IP = ip
+	return n
+}
+
+func TestUnmarkedLinkIsAConflict(t *testing.T) {
+	node, _ := trunkPair(t)
+	trunk, _ := node.NL.LinkByName("trunk0")
+	la := netlink.NewLinkAttrs()
+	la.Name, la.ParentIndex = "shim0", trunk.Attrs().Index
+	if err := node.NL.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_PRIVATE}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, node, "shim0")
+	_, err := syncOnce(t, node.Host, Desired{Links: []Link{shim("10.10.50.3/32")}, DAD: fastDAD})
+	if err == nil || !strings.Contains(err.Error(), "link shim0: exists and was not created by nodeagent") {
+		t.Fatalf("want a conflict naming shim0, got %v", err)
+	}
+	if diff := cmp.Diff(before, snapshot(t, node, "shim0")); diff != "" {
+		t.Fatalf("foreign shim0 changed (-before +after):\n%s", diff)
+	}
+	// Teardown leaves it too.
+	mustSync(t, node.Host, Desired{})
+	if diff := cmp.Diff(before, snapshot(t, node, "shim0")); diff != "" {
+		t.Fatalf("teardown changed foreign shim0 (-before +after):\n%s", diff)
+	}
+}
+
+func TestAdoptTakesOverAMatchingLink(t *testing.T) {
+	node, _ := trunkPair(t)
+	trunk, _ := node.NL.LinkByName("trunk0")
+	la := netlink.NewLinkAttrs()
+	la.Name, la.ParentIndex = "shim0", trunk.Attrs().Index
+	if err := node.NL.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
+		t.Fatal(err)
+	}
+	planted, _ := node.NL.LinkByName("shim0")
+	idx := planted.Attrs().Index
+	l := shim("10.10.50.3/32")
+	l.Adopt = true
+	d := Desired{Links: []Link{l}}
+	mustSync(t, node.Host, d)
+	got, _ := node.NL.LinkByName("shim0")
+	if got.Attrs().Index != idx || got.Attrs().Alias != host.LinkAlias {
+		t.Fatalf("adopted link: index %d (was %d), alias %q", got.Attrs().Index, idx, got.Attrs().Alias)
+	}
+	assertNoop(t, node, d)
+}
+
+func TestForeignLinksAndAddressesSurvive(t *testing.T) {
+	node, _ := trunkPair(t)
+	trunk, _ := node.NL.LinkByName("trunk0")
+	// Planted first: a macvlan nodeagent did not create, on the same parent,
+	// and an address on the trunk it did not add.
+	la := netlink.NewLinkAttrs()
+	la.Name, la.ParentIndex = "podshim", trunk.Attrs().Index
+	if err := node.NL.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.NL.AddrAdd(trunk, &netlink.Addr{IPNet: mustCIDR("192.168.2.10/24")}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, node, "trunk0", "podshim")
+	check := func(stage string) {
+		t.Helper()
+		if diff := cmp.Diff(before, snapshot(t, node, "trunk0", "podshim")); diff != "" {
+			t.Fatalf("%s changed foreign objects (-before +after):\n%s", stage, diff)
+		}
+	}
+	mustSync(t, node.Host, Desired{Links: []Link{shim("10.10.50.3/32")}, DAD: fastDAD})
+	check("apply")
+	changed := shim("10.10.50.4/32")
+	changed.MTU = 1400
+	mustSync(t, node.Host, Desired{Links: []Link{changed}, DAD: fastDAD})
+	check("config change")
+	mustSync(t, node.Host, Desired{})
+	check("teardown")
+}
+
+func TestInterruptedCreateIsCleanedUp(t *testing.T) {
+	node, _ := trunkPair(t)
+	trunk, _ := node.NL.LinkByName("trunk0")
+	// What a kill -9 between create and rename leaves behind.
+	la := netlink.NewLinkAttrs()
+	la.Name, la.ParentIndex = host.TempPrefix+"0badf00d", trunk.Attrs().Index
+	if err := node.NL.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
+		t.Fatal(err)
+	}
+	d := Desired{Links: []Link{shim("10.10.50.3/32")}}
+	p := mustSync(t, node.Host, d)
+	if !strings.Contains(p.String(), "- link na~0badf00d (left by an interrupted create)") {
+		t.Fatalf("plan did not remove the leftover:\n%s", p)
+	}
+	if _, err := node.NL.LinkByName(la.Name); err == nil {
+		t.Fatal("leftover temp link survived")
+	}
+	assertNoop(t, node, d)
+}

@@ -1,0 +1,138 @@
+package link
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// MakePlan computes the ops that take o to d. It is a pure function.
+func MakePlan(d Desired, o Observed) Plan {
+	var ops []Op
+	for _, t := range o.Temps {
+		ops = append(ops, Op{Kind: OpDeleteTemp, Link: t.Name, Old: t})
+	}
+	want := map[string]Link{}
+	for _, l := range d.Links {
+		want[l.Name] = l
+	}
+	for _, name := range slices.Sorted(maps.Keys(o.Links)) {
+		ol := o.Links[name]
+		if _, ok := want[name]; !ok && ol.Owned && ours(ol.Kind) {
+			ops = append(ops, Op{Kind: OpDeleteLink, Link: name, Old: ol})
+		}
+	}
+	for _, l := range d.Links {
+		ops = append(ops, planLink(l, want, o)...)
+	}
+	slices.SortStableFunc(ops, func(a, b Op) int {
+		if a.Kind != b.Kind {
+			return int(a.Kind) - int(b.Kind)
+		}
+		return order(a) - order(b)
+	})
+	return Plan{Ops: ops, Desired: d, Observed: o}
+}
+
+// order sorts ops of one kind: children are deleted before their parents
+// and created after them; an MTU is lowered on children first and raised
+// on parents first, so a child's MTU never exceeds its parent's.
+func order(o Op) int {
+	depth := 0
+	if o.Desired.Kind == Macvlan || o.Old.Kind == string(Macvlan) {
+		depth = 1
+	}
+	switch o.Kind {
+	case OpDeleteLink:
+		return -depth
+	case OpSetMTU:
+		if o.Desired.MTU < o.Old.MTU {
+			return -10 - depth
+		}
+	}
+	return depth
+}
+
+func ours(kind string) bool { return kind == string(VLAN) || kind == string(Macvlan) }
+
+func planLink(l Link, want map[string]Link, o Observed) []Op {
+	conflict := func(format string, a ...any) []Op {
+		return []Op{{Kind: OpConflict, Link: l.Name, Desired: l, Reason: fmt.Sprintf(format, a...)}}
+	}
+	parentMTU, parentKnown := 0, false
+	if p, ok := want[l.Parent]; ok && p.MTU != 0 {
+		parentMTU, parentKnown = p.MTU, true
+	} else if op, ok := o.Links[l.Parent]; ok {
+		parentMTU, parentKnown = op.MTU, true
+	}
+	_, parentWanted := want[l.Parent]
+	_, parentSeen := o.Links[l.Parent]
+	if !parentWanted && !parentSeen {
+		return conflict("pending: parent %s does not exist", l.Parent)
+	}
+	if l.MTU != 0 && parentKnown && l.MTU > parentMTU {
+		return conflict("mtu %d is above parent %s's mtu %d", l.MTU, l.Parent, parentMTU)
+	}
+	create := func() []Op {
+		ops := []Op{{Kind: OpCreateLink, Link: l.Name, Desired: l}}
+		for _, a := range l.Addrs {
+			ops = append(ops, Op{Kind: OpAddAddr, Link: l.Name, Addr: a})
+		}
+		return ops
+	}
+	ol, exists := o.Links[l.Name]
+	if !exists {
+		return create()
+	}
+	var ops []Op
+	if diff := differs(l, ol); !ol.Owned {
+		if !l.Adopt {
+			return conflict("exists and was not created by nodeagent; left untouched (set adopt: true to take it over)")
+		}
+		if diff != "" {
+			return conflict("exists but cannot be adopted: %s", diff)
+		}
+		ops = append(ops, Op{Kind: OpAdoptLink, Link: l.Name, Desired: l, Old: ol})
+	} else if diff != "" {
+		return append([]Op{{Kind: OpDeleteLink, Link: l.Name, Old: ol, Reason: "recreate: " + diff}}, create()...)
+	}
+	if l.MTU != 0 && l.MTU != ol.MTU {
+		ops = append(ops, Op{Kind: OpSetMTU, Link: l.Name, Desired: l, Old: ol})
+	}
+	if l.Up != ol.Up {
+		ops = append(ops, Op{Kind: OpSetUp, Link: l.Name, Desired: l, Old: ol})
+	}
+	have := map[string]ObservedAddr{}
+	for _, a := range ol.Addrs {
+		have[a.Prefix.String()] = a
+	}
+	wantAddr := map[string]bool{}
+	for _, a := range l.Addrs {
+		wantAddr[a.String()] = true
+		if _, ok := have[a.String()]; !ok {
+			ops = append(ops, Op{Kind: OpAddAddr, Link: l.Name, Addr: a})
+		}
+	}
+	for _, a := range ol.Addrs {
+		if a.Owned && !wantAddr[a.Prefix.String()] {
+			ops = append(ops, Op{Kind: OpDelAddr, Link: l.Name, Addr: a.Prefix})
+		}
+	}
+	return ops
+}
+
+// differs says why an existing link cannot become l by changing it in
+// place, or "" when it can.
+func differs(l Link, ol ObservedLink) string {
+	switch {
+	case ol.Kind != string(l.Kind):
+		return fmt.Sprintf("it is a %s, not a %s", ol.Kind, l.Kind)
+	case ol.Parent != l.Parent:
+		return fmt.Sprintf("parent %s -> %s", ol.Parent, l.Parent)
+	case l.Kind == VLAN && ol.VLANID != l.VLANID:
+		return fmt.Sprintf("vlan id %d -> %d", ol.VLANID, l.VLANID)
+	case l.Kind == Macvlan && ol.Mode != l.Mode:
+		return fmt.Sprintf("mode %s -> %s", ol.Mode, l.Mode)
+	}
+	return ""
+}
