@@ -25,6 +25,9 @@ func InVM() bool { return os.Getenv("NODEAGENT_IN_VM") == "1" }
 // RequireRoot skips the test unless it runs as root.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: privileged tests are skipped (make test runs them)")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, netlink writes); CI runs as root")
 	}

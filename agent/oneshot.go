@@ -1,0 +1,142 @@
+// Package agent runs nodeagent's convergence: the one-shot commands
+// (validate, plan, apply --once, teardown) here, and the long-running loop,
+// local API and health reporting as they are built.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"github.com/nodeagent/nodeagent/netcfg"
+	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/host"
+)
+
+// InvalidError is a config that failed validation. Its text is the list
+// of file:line: field: reason lines and nothing else.
+type InvalidError struct{ Err error }
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// Load reads and validates the config at path and derives the desired state.
+func Load(path string) (*config.Config, netcfg.Desired, error) {
+	c, err := config.Load(path)
+	if err != nil {
+		var list config.ErrorList
+		if errors.As(err, &list) {
+			return nil, netcfg.Desired{}, &InvalidError{err}
+		}
+		return nil, netcfg.Desired{}, err
+	}
+	d, err := netcfg.FromConfig(c)
+	if err != nil {
+		return nil, netcfg.Desired{}, &InvalidError{fmt.Errorf("%s: %w", path, err)}
+	}
+	return c, d, nil
+}
+
+// Unsupported lists the config sections this build validates but cannot yet
+// converge. apply refuses a config that uses them rather than converge half
+// of it: VLANs without their kill switch would be worse than nothing.
+func Unsupported(c *config.Config) []string {
+	var out []string
+	add := func(n int, what string) {
+		if n > 0 {
+			out = append(out, fmt.Sprintf("%s (%d)", what, n))
+		}
+	}
+	add(len(c.Sysctls), "sysctls")
+	add(len(c.WireGuard), "wireguard")
+	add(len(c.Routing.Tables)+len(c.Routing.Rules), "routing")
+	add(len(c.Firewall.Masquerade)+len(c.Firewall.KillSwitch)+len(c.Firewall.MSSClamp), "firewall")
+	add(len(c.Kubernetes.Labels)+len(c.Kubernetes.ConditionalLabels), "kubernetes labels")
+	add(len(c.Checks.ARPReachable), "checks")
+	return out
+}
+
+// Validate checks the config at path and writes a one-line verdict to w.
+func Validate(w io.Writer, path string) error {
+	c, _, err := Load(path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%s: valid\n", path)
+	if u := Unsupported(c); len(u) > 0 {
+		fmt.Fprintf(w, "note: this build does not converge yet: %s\n", strings.Join(u, ", "))
+	}
+	return nil
+}
+
+// Plan writes what a sync would change, one line per object, without
+// writing anything. It needs no privileges.
+func Plan(ctx context.Context, w io.Writer, path string) error {
+	c, d, err := Load(path)
+	if err != nil {
+		return err
+	}
+	h, err := host.Current()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	cv := &netcfg.Converger{Host: h}
+	p, err := cv.Plan(ctx, d)
+	if err != nil {
+		return err
+	}
+	for _, u := range Unsupported(c) {
+		fmt.Fprintf(w, "! %s: not converged by this build\n", u)
+	}
+	if p.Empty() {
+		fmt.Fprintln(w, "no changes")
+		return nil
+	}
+	_, err = io.WriteString(w, p.String())
+	return err
+}
+
+// ApplyOnce converges the node to the config once. It writes the changes it
+// made to w and fails naming every object that failed.
+func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, path string) error {
+	c, d, err := Load(path)
+	if err != nil {
+		return err
+	}
+	if u := Unsupported(c); len(u) > 0 {
+		return fmt.Errorf("%s uses sections this build cannot converge yet: %s; nothing applied", path, strings.Join(u, ", "))
+	}
+	h, err := host.Current()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	cv := &netcfg.Converger{Host: h, Log: log}
+	p, err := cv.Sync(ctx, d)
+	io.WriteString(w, p.String())
+	if err != nil {
+		return err
+	}
+	if p.Empty() {
+		fmt.Fprintln(w, "no changes")
+	}
+	return nil
+}
+
+// Teardown removes everything nodeagent owns on this node, whatever the
+// config says, and nothing else.
+func Teardown(ctx context.Context, w io.Writer, log *slog.Logger) error {
+	h, err := host.Current()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	cv := &netcfg.Converger{Host: h, Log: log}
+	p, err := cv.Teardown(ctx)
+	io.WriteString(w, p.String())
+	return err
+}

@@ -1,0 +1,107 @@
+// Command nodeagent converges a node's VLAN, routing, nftables and
+// WireGuard plumbing from /etc/nodeagent/nodeagent.yaml. It only parses
+// flags; the work is in package agent.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/nodeagent/nodeagent/agent"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+var version = "dev" // set with -ldflags "-X main.version=..."
+
+// DefaultConfig is where the packaged config lives.
+const DefaultConfig = "/etc/nodeagent/nodeagent.yaml"
+
+const usage = `nodeagent converges a node's trunk, VLAN and VPN plumbing from one YAML file.
+
+Usage:
+  nodeagent validate [-c FILE]       check the config; exit 1 with every error as file:line: field: reason
+  nodeagent plan [-c FILE]           print what would change (+ add, ~ change, - remove, ! cannot);
+                                     writes nothing and needs no root
+  nodeagent apply --once [-c FILE]   converge once; exit 1 naming every object that failed
+  nodeagent teardown                 remove exactly what nodeagent owns (marked links and addresses)
+  nodeagent version                  print the version
+
+Flags:
+  -c, --config FILE   config file (default %s; env NODEAGENT_CONFIG)
+      --once          with apply: converge once and exit
+  -h, --help          this help
+
+Exit status: 0 success, 1 failure or invalid config, 2 usage error.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringP("config", "c", DefaultConfig, "config file")
+	once := fs.Bool("once", false, "converge once and exit")
+	help := fs.BoolP("help", "h", false, "help")
+	if err := fs.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "nodeagent: %v\n\n", err)
+		fmt.Fprintf(stderr, usage, DefaultConfig)
+		return 2
+	}
+	v := viper.New()
+	v.SetEnvPrefix("NODEAGENT")
+	v.AutomaticEnv()
+	v.BindPFlag("config", fs.Lookup("config"))
+	cfg := v.GetString("config")
+
+	if *help || fs.NArg() == 0 {
+		fmt.Fprintf(stdout, usage, DefaultConfig)
+		if *help {
+			return 0
+		}
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	var err error
+	switch cmd := fs.Arg(0); cmd {
+	case "validate":
+		err = agent.Validate(stdout, cfg)
+	case "plan":
+		err = agent.Plan(ctx, stdout, cfg)
+	case "apply":
+		if !*once {
+			fmt.Fprintln(stderr, "nodeagent: apply needs --once (the long-running loop is not in this build)")
+			return 2
+		}
+		err = agent.ApplyOnce(ctx, stdout, log, cfg)
+	case "teardown":
+		err = agent.Teardown(ctx, stdout, log)
+	case "version":
+		fmt.Fprintln(stdout, "nodeagent", version)
+	default:
+		fmt.Fprintf(stderr, "nodeagent: unknown command %q\n\n", cmd)
+		fmt.Fprintf(stderr, usage, DefaultConfig)
+		return 2
+	}
+	if err != nil {
+		var invalid *agent.InvalidError
+		if errors.As(err, &invalid) {
+			fmt.Fprintln(stderr, err)
+		} else {
+			fmt.Fprintf(stderr, "nodeagent: %v\n", err)
+		}
+		return 1
+	}
+	return 0
+}
