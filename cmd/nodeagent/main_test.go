@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nodeagent/nodeagent/testenv"
+)
+
+func TestValidateExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("vlans:\n  - name: enp1s0.50\n    parent: enp1s0\n    id: 4095\n    mtuu: 1500\n"), 0o600)
+	tests := []struct {
+		args     []string
+		code     int
+		wantOut  string
+		wantErrs []string
+	}{
+		{[]string{"validate", "-c", "../../examples/homelab.yaml"}, 0, "../../examples/homelab.yaml: valid", nil},
+		{[]string{"validate", "-c", bad}, 1, "", []string{bad + ":4: vlans[0].id: 4095 is outside 1-4094", bad + `:5: vlans[0].mtuu: unknown field`}},
+		{[]string{"validate", "-c", filepath.Join(dir, "missing.yaml")}, 1, "", []string{"missing.yaml: no such file"}},
+		{[]string{"frobnicate"}, 2, "", []string{`unknown command "frobnicate"`}},
+		{[]string{"apply"}, 2, "", []string{"apply needs --once"}},
+		{[]string{"--help"}, 0, "nodeagent apply --once", nil},
+		{[]string{"version"}, 0, "nodeagent dev", nil},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(tt.args, &out, &errb); code != tt.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, out.String(), errb.String())
+			}
+			if !strings.Contains(out.String(), tt.wantOut) {
+				t.Errorf("stdout %q lacks %q", out.String(), tt.wantOut)
+			}
+			for _, w := range tt.wantErrs {
+				if !strings.Contains(errb.String(), w) {
+					t.Errorf("stderr %q lacks %q", errb.String(), w)
+				}
+			}
+		})
+	}
+}
+
+func TestApplyRefusesSectionsItCannotConverge(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"apply", "--once", "-c", "../../examples/homelab.yaml"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "cannot converge yet") || !strings.Contains(errb.String(), "nothing applied") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestCLIInNamespace runs the real binary inside a namespace: apply --once,
+// a no-op re-apply, a failure naming its object, and teardown.
+func TestCLIInNamespace(t *testing.T) {
+	node := testenv.NewNetNS(t)
+	peer := testenv.NewNetNS(t)
+	node.Veth(t, "enp1s0", peer, "eth0")
+	bin := filepath.Join(t.TempDir(), "nodeagent")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
+	write := func(s string) { os.WriteFile(cfg, []byte(s), 0o600) }
+	write("dad: {probes: 1, interval: 10ms, wait: 100ms}\nmacvlans:\n  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}\n")
+
+	out := node.Exec(t, bin, "plan", "-c", cfg)
+	if out != "+ link shim0 (macvlan bridge on enp1s0, up)\n+ address 10.10.50.3/24 on shim0\n" {
+		t.Fatalf("plan:\n%s", out)
+	}
+	node.Exec(t, bin, "apply", "--once", "-c", cfg)
+	if out := node.Exec(t, "ip", "-br", "addr", "show", "dev", "shim0"); !strings.Contains(out, "10.10.50.3/24") {
+		t.Fatalf("shim0 after apply: %s", out)
+	}
+	if out := node.Exec(t, bin, "apply", "--once", "-c", cfg); !strings.Contains(out, "no changes") {
+		t.Fatalf("second apply: %s", out)
+	}
+	// Two objects that cannot be converged: both are named, exit 1.
+	write("macvlans:\n  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}\n  - {name: shim1, parent: nosuch0}\n  - {name: enp1s0, parent: lo}\n")
+	out, err := node.TryExec(bin, "apply", "--once", "-c", cfg)
+	if err == nil || !strings.Contains(out, "link shim1: pending: parent nosuch0 does not exist") ||
+		!strings.Contains(out, "link enp1s0: exists and was not created by nodeagent") {
+		t.Fatalf("want both failures named, got %v:\n%s", err, out)
+	}
+	node.Exec(t, bin, "teardown")
+	if out, _ := node.TryExec("ip", "link", "show", "shim0"); !strings.Contains(out, "does not exist") {
+		t.Fatalf("shim0 after teardown: %s", out)
+	}
+	if out := node.Exec(t, "ip", "link", "show", "enp1s0"); !strings.Contains(out, "enp1s0") {
+		t.Fatalf("teardown removed the trunk: %s", out)
+	}
+}
+
+// TestManPageCoversUsage keeps docs/nodeagent.8 in step with --help: every
+// command and flag the usage names is in the man page.
+func TestManPageCoversUsage(t *testing.T) {
+	man, err := os.ReadFile("../../docs/nodeagent.8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := strings.ReplaceAll(string(man), `\-`, "-")
+	for _, word := range []string{"validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig} {
+		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig), word) {
+			t.Errorf("usage lacks %q", word)
+		}
+		if !strings.Contains(page, word) {
+			t.Errorf("man page lacks %q, which --help names", word)
+		}
+	}
+}
