@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +42,7 @@ func (n *NetNS) NewMonitor(t testing.TB) *Monitor {
 	tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
 	sock.SetReceiveTimeout(&tv)
 	m := &Monitor{sock: sock, done: make(chan struct{})}
+	settle(sock)
 	go func() {
 		defer close(m.done)
 		for !m.stop.Load() {
@@ -49,14 +52,33 @@ func (n *NetNS) NewMonitor(t testing.TB) *Monitor {
 			}
 			m.mu.Lock()
 			for _, msg := range msgs {
-				m.msgs = append(m.msgs, msgType(msg.Header.Type))
+				if addrconf(msg) {
+					continue
+				}
+				m.msgs = append(m.msgs, describe(msg))
+				m.count.Add(1)
 			}
 			m.mu.Unlock()
-			m.count.Add(int64(len(msgs)))
 		}
 	}()
 	t.Cleanup(func() { m.Stop() })
 	return m
+}
+
+// settle drains notifications until the namespace has been quiet for
+// 1.2 s (at most 8 s): the kernel keeps announcing earlier changes for a
+// while, and those are not writes of the run being measured. linkwatch
+// batches carrier and operstate changes for up to a second (a NEWLINK with
+// no flag changed), IPv6 DAD finishes later still, and TCG is slow.
+func settle(sock *nl.NetlinkSocket) {
+	deadline := time.Now().Add(8 * time.Second)
+	quietSince := time.Now()
+	for time.Now().Before(deadline) && time.Since(quietSince) < 1200*time.Millisecond {
+		msgs, _, err := sock.Receive()
+		if err == nil && len(msgs) > 0 {
+			quietSince = time.Now()
+		}
+	}
 }
 
 // Stop waits for notifications still in flight, stops counting and returns
@@ -71,6 +93,33 @@ func (m *Monitor) Stop() (int64, []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.count.Load(), append([]string(nil), m.msgs...)
+}
+
+// addrconf reports whether msg is IPv6 autoconfiguration announcing its own
+// per-link state (inet6_ifinfo_notify: RTM_NEWLINK with family AF_INET6,
+// sent when router solicitation ends, seconds after a link comes up). The
+// kernel sends it by itself; it is no link change.
+func addrconf(msg syscall.NetlinkMessage) bool {
+	return msg.Header.Type == unix.RTM_NEWLINK && len(msg.Data) > 0 && msg.Data[0] == unix.AF_INET6
+}
+
+// describe names a notification for failure messages: its type and, for
+// links, the link, its flags and the flags that changed.
+func describe(msg syscall.NetlinkMessage) string {
+	s := msgType(msg.Header.Type)
+	if (msg.Header.Type == unix.RTM_NEWLINK || msg.Header.Type == unix.RTM_DELLINK) && len(msg.Data) >= unix.SizeofIfInfomsg {
+		info := nl.DeserializeIfInfomsg(msg.Data)
+		name := ""
+		if attrs, err := nl.ParseRouteAttr(msg.Data[unix.SizeofIfInfomsg:]); err == nil {
+			for _, a := range attrs {
+				if a.Attr.Type == unix.IFLA_IFNAME {
+					name = unix.ByteSliceToString(a.Value)
+				}
+			}
+		}
+		s += fmt.Sprintf(" %s(%d) flags=%#x change=%#x", name, info.Index, info.Flags, info.Change)
+	}
+	return s
 }
 
 func msgType(t uint16) string {

@@ -1,5 +1,3 @@
-// Package config holds nodeagent's configuration schema, its YAML loader and
-// its validation. Every error names the file, the line and the field.
 package config
 
 import "time"

@@ -1,0 +1,493 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Options changes how a config is checked.
+type Options struct {
+	// SkipFileChecks skips looking at key and credential files on disk
+	// (their permissions). Use it where the files are not meant to exist,
+	// such as tests and fuzzing; the daemon leaves it false.
+	SkipFileChecks bool
+}
+
+// Load reads the config at path and parses it with Parse.
+func Load(path string) (*Config, error) {
+	return LoadWith(path, Options{})
+}
+
+// LoadWith is Load with options.
+func LoadWith(path string, opts Options) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseWith(path, data, opts)
+}
+
+// Parse decodes, defaults and validates one YAML config. file names it in
+// errors and is stored in Config.File; it is used as given, not shortened.
+//
+// On any problem Parse still returns the (partial) *Config, with an
+// ErrorList holding every problem it found.
+func Parse(file string, data []byte) (*Config, error) {
+	return ParseWith(file, data, Options{})
+}
+
+// ParseWith is Parse with options.
+func ParseWith(file string, data []byte, opts Options) (*Config, error) {
+	c := &Config{File: file}
+	d := &decoder{
+		file:   file,
+		pos:    positions{},
+		bad:    map[string]bool{},
+		budget: decodeBudget,
+	}
+	root, errs := readDocument(file, data)
+	if len(errs) > 0 {
+		return c, errs.err()
+	}
+	if root != nil {
+		d.decode(root, reflect.ValueOf(c).Elem(), "")
+	}
+	applyDefaults(c, d.pos)
+	v := &validator{file: file, pos: d.pos, bad: d.bad, opts: opts, errs: d.errs}
+	v.validate(c)
+	return c, v.errs.err()
+}
+
+// decodeBudget bounds the nodes one decode visits. Aliases can make a small
+// document expand to a huge one ("billion laughs"); no honest config comes
+// near this.
+const decodeBudget = 1_000_000
+
+var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// readDocument parses data into its single YAML document's root node. It
+// returns nil for an empty file (or one holding only comments or null),
+// which is an empty config.
+func readDocument(file string, data []byte) (root *yaml.Node, errs ErrorList) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var first *yaml.Node
+	for {
+		var doc yaml.Node
+		if err := safeDecode(dec, &doc); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, ErrorList{syntaxError(file, err)}
+		}
+		n := documentContent(&doc)
+		if n == nil {
+			continue // an empty document, such as a trailing "---"
+		}
+		if first != nil {
+			return nil, ErrorList{{File: file, Line: n.Line,
+				Msg: "a second YAML document; nodeagent reads exactly one, so put everything in one document"}}
+		}
+		first = n
+	}
+	return first, nil
+}
+
+// safeDecode runs the YAML parser, turning a panic inside it into an error:
+// a malformed file must be reported, not crash the daemon.
+func safeDecode(dec *yaml.Decoder, n *yaml.Node) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("yaml: parser failed: %v", r)
+		}
+	}()
+	return dec.Decode(n)
+}
+
+// documentContent returns the root node of doc, or nil if it holds nothing.
+func documentContent(doc *yaml.Node) *yaml.Node {
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 {
+		return nil
+	}
+	n := doc.Content[0]
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil
+	}
+	return n
+}
+
+func syntaxError(file string, err error) *FieldError {
+	msg := err.Error()
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &FieldError{File: file, Line: line, Msg: "invalid YAML: " + m[2]}
+	}
+	return &FieldError{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
+}
+
+// positions maps a field path to the line it was written on.
+type positions map[string]int
+
+// decoder turns a YAML node tree into Go values by reflection, keeping the
+// line of every field and reporting unknown keys and type mismatches.
+// yaml.v3's own decoder would stop at the first error and lose lines.
+type decoder struct {
+	file string
+	pos  positions
+	// bad holds the paths whose value could not be decoded; validation
+	// stays quiet about them so one typo is reported once.
+	bad    map[string]bool
+	errs   ErrorList
+	budget int
+}
+
+func (d *decoder) errorf(n *yaml.Node, path, format string, args ...any) {
+	d.errs = append(d.errs, &FieldError{File: d.file, Line: n.Line, Field: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
+	d.bad[path] = true
+	d.errorf(n, path, format, args...)
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// decode stores n into v. path names v in errors.
+func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	d.budget--
+	if d.budget == 0 {
+		d.errorf(n, "", "document expands to too many nodes (aliases nested too deep?)")
+	}
+	if d.budget <= 0 {
+		return
+	}
+	if isNull(n) {
+		v.SetZero() // a key with no value means "unset"
+		return
+	}
+	if v.Type() == durationType {
+		d.decodeDuration(n, v, path)
+		return
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		p := reflect.New(v.Type().Elem())
+		d.decode(n, p.Elem(), path)
+		v.Set(p)
+	case reflect.Struct:
+		d.decodeStruct(n, v, path)
+	case reflect.Slice:
+		d.decodeSlice(n, v, path)
+	case reflect.Map:
+		d.decodeMap(n, v, path)
+	case reflect.String:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "expected a string, got %s", describe(n))
+			return
+		}
+		v.SetString(n.Value)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		d.decodeInt(n, v, path)
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
+			d.fail(n, path, "expected true or false, got %s", describe(n))
+			return
+		}
+		b, err := strconv.ParseBool(strings.ToLower(n.Value))
+		if err != nil {
+			d.fail(n, path, "expected true or false, got %s", describe(n))
+			return
+		}
+		v.SetBool(b)
+	default:
+		// Only reachable if types.go gains a field of a kind this decoder
+		// does not know; fail loudly rather than ignore the field.
+		d.fail(n, path, "field of unsupported type %s", v.Type())
+	}
+}
+
+func (d *decoder) decodeInt(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		d.fail(n, path, "expected an integer, got %s", describe(n))
+		return
+	}
+	i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64)
+	if err != nil || v.OverflowInt(i) {
+		d.fail(n, path, "%s is out of range", n.Value)
+		return
+	}
+	v.SetInt(i)
+}
+
+func (d *decoder) decodeDuration(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.ScalarNode {
+		d.fail(n, path, "expected a duration like 1s or 500ms, got %s", describe(n))
+		return
+	}
+	dur, err := time.ParseDuration(n.Value)
+	if err != nil {
+		d.fail(n, path, "expected a duration like 1s or 500ms, got %q", n.Value)
+		return
+	}
+	v.SetInt(int64(dur))
+}
+
+func (d *decoder) decodeSlice(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.SequenceNode {
+		d.fail(n, path, "expected a list, got %s", describe(n))
+		return
+	}
+	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+	for i, item := range n.Content {
+		p := indexPath(path, i)
+		d.pos[p] = item.Line
+		d.decode(item, s.Index(i), p)
+	}
+	v.Set(s)
+}
+
+func (d *decoder) decodeMap(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(n, path, "expected a mapping, got %s", describe(n))
+		return
+	}
+	if v.Type().Key().Kind() != reflect.String {
+		d.fail(n, path, "field of unsupported type %s", v.Type())
+		return
+	}
+	m := reflect.MakeMap(v.Type())
+	for _, kv := range d.pairs(n, path) {
+		p := mapKeyPath(path, kv.key.Value)
+		d.pos[p] = kv.key.Line
+		elem := reflect.New(v.Type().Elem()).Elem()
+		d.decode(kv.value, elem, p)
+		m.SetMapIndex(reflect.ValueOf(kv.key.Value).Convert(v.Type().Key()), elem)
+	}
+	v.Set(m)
+}
+
+func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(n, path, "expected a mapping, got %s", describe(n))
+		return
+	}
+	fields := yamlFields(v.Type())
+	for _, kv := range d.pairs(n, path) {
+		p := fieldPath(path, kv.key.Value)
+		idx, ok := fields[kv.key.Value]
+		if !ok {
+			msg := "unknown field"
+			if s := suggest(kv.key.Value, fieldNames(v.Type())); s != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", s)
+			}
+			d.errorf(kv.key, p, "%s", msg)
+			continue
+		}
+		if !isNull(kv.value) {
+			// "key:" with no value is the same as leaving the key out,
+			// so it does not count as written (see applyDefaults).
+			d.pos[p] = kv.key.Line
+		}
+		d.decode(kv.value, v.Field(idx), p)
+	}
+}
+
+type pair struct{ key, value *yaml.Node }
+
+// pairs returns the key/value pairs of mapping n, reporting non-scalar and
+// duplicate keys. YAML merge keys ("<<: *base") are expanded; keys written
+// in n itself win over merged ones, as the merge-key spec says.
+func (d *decoder) pairs(n *yaml.Node, path string) []pair {
+	var out []pair
+	seen := map[string]*yaml.Node{}
+	var merges []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		for k.Kind == yaml.AliasNode && k.Alias != nil {
+			k = k.Alias
+		}
+		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
+			merges = append(merges, val)
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			d.errorf(k, path, "mapping keys must be plain strings, got %s", describe(k))
+			continue
+		}
+		if first, dup := seen[k.Value]; dup {
+			d.errorf(k, fieldPath(path, k.Value), "duplicate key (first set on line %d)", first.Line)
+			continue
+		}
+		seen[k.Value] = k
+		out = append(out, pair{k, val})
+	}
+	visiting := map[*yaml.Node]bool{n: true}
+	for _, m := range merges {
+		out = d.merge(m, path, seen, visiting, out)
+	}
+	return out
+}
+
+// merge appends the pairs of the merge source m that are not in seen.
+// visiting breaks alias cycles, which YAML allows but which would
+// otherwise recurse forever.
+func (d *decoder) merge(m *yaml.Node, path string, seen map[string]*yaml.Node, visiting map[*yaml.Node]bool, out []pair) []pair {
+	for m.Kind == yaml.AliasNode && m.Alias != nil {
+		m = m.Alias
+	}
+	d.budget--
+	if d.budget <= 0 || visiting[m] {
+		return out
+	}
+	switch m.Kind {
+	case yaml.MappingNode:
+		visiting[m] = true
+		defer delete(visiting, m)
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			k := m.Content[i]
+			for k.Kind == yaml.AliasNode && k.Alias != nil {
+				k = k.Alias
+			}
+			if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
+				out = d.merge(m.Content[i+1], path, seen, visiting, out)
+				continue
+			}
+			if k.Kind != yaml.ScalarNode {
+				continue // reported where the mapping itself is decoded, if it is
+			}
+			if _, ok := seen[k.Value]; ok {
+				continue
+			}
+			seen[k.Value] = k
+			out = append(out, pair{k, m.Content[i+1]})
+		}
+	case yaml.SequenceNode:
+		if visiting[m] {
+			return out
+		}
+		visiting[m] = true
+		defer delete(visiting, m)
+		for _, item := range m.Content {
+			out = d.merge(item, path, seen, visiting, out)
+		}
+	default:
+		d.errorf(m, fieldPath(path, "<<"), "a merge key needs a mapping or a list of mappings, got %s", describe(m))
+	}
+	return out
+}
+
+// isNull reports whether n, after following aliases, is a YAML null.
+func isNull(n *yaml.Node) bool {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// describe names the kind of n for type errors.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.ShortTag() == "!!str" {
+			return strconv.Quote(n.Value)
+		}
+		return n.Value
+	}
+	return "something else"
+}
+
+// yamlFields maps the yaml names of t's fields to their indexes.
+func yamlFields(t reflect.Type) map[string]int {
+	m := map[string]int{}
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			m[name] = i
+		}
+	}
+	return m
+}
+
+func fieldNames(t reflect.Type) []string {
+	var names []string
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+func yamlName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	if name == "-" {
+		return ""
+	}
+	if name == "" {
+		name = strings.ToLower(f.Name)
+	}
+	return name
+}
+
+// fieldPath, indexPath and mapKeyPath build the field paths used in errors
+// and in positions. Validation uses them too, so both agree.
+func fieldPath(parent, name string) string {
+	if parent == "" {
+		return name
+	}
+	return parent + "." + name
+}
+
+func indexPath(parent string, i int) string {
+	return parent + "[" + strconv.Itoa(i) + "]"
+}
+
+// mapKeyPath writes sysctl keys the way sysctl(8) does (sysctls.net.ipv4.ip_forward)
+// and every other map key quoted (kubernetes.labels["foo/bar"]), because
+// label keys contain dots and slashes.
+func mapKeyPath(parent, key string) string {
+	if parent == "sysctls" {
+		return parent + "." + key
+	}
+	return parent + "[" + strconv.Quote(key) + "]"
+}
+
+// parentPath strips the last element from a field path.
+func parentPath(p string) string {
+	if strings.HasSuffix(p, `"]`) {
+		// A quoted map key may itself contain '[' or '"'; find the
+		// opening bracket whose quoted string ends exactly at the end.
+		for i := strings.LastIndex(p, `["`); i >= 0; i = strings.LastIndex(p[:i], `["`) {
+			if q, err := strconv.QuotedPrefix(p[i+1:]); err == nil && len(q) == len(p)-i-2 {
+				return p[:i]
+			}
+		}
+	}
+	if strings.HasSuffix(p, "]") {
+		if i := strings.LastIndexByte(p, '['); i >= 0 {
+			return p[:i]
+		}
+	}
+	if i := strings.LastIndexByte(p, '.'); i >= 0 {
+		return p[:i]
+	}
+	return ""
+}
