@@ -66,13 +66,14 @@ func snapshot(t *testing.T, ns *testenv.NetNS, names ...string) string {
 	return stripVolatile(b.String())
 }
 
-// promiscuity is a counter the kernel raises on a parent when any macvlan
-// on it comes up; it is not configuration.
-var promisc = regexp.MustCompile(`promiscuity \d+`)
+// volatile is what the kernel changes by itself: the promiscuity counter
+// it raises on a parent when a macvlan on it comes up, and the IPv6 DAD
+// state of link-local addresses. Neither is configuration.
+var volatile = regexp.MustCompile(`promiscuity \d+|tentative `)
 
 func stripVolatile(s string) string {
 	var out []string
-	for _, l := range strings.Split(promisc.ReplaceAllString(s, ""), "\n") {
+	for _, l := range strings.Split(volatile.ReplaceAllString(s, ""), "\n") {
 		if strings.Contains(l, "valid_lft") {
 			continue
 		}
