@@ -42,6 +42,7 @@ func (n *NetNS) NewMonitor(t testing.TB) *Monitor {
 	tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
 	sock.SetReceiveTimeout(&tv)
 	m := &Monitor{sock: sock, done: make(chan struct{})}
+	n.WaitDAD(t)
 	settle(sock)
 	go func() {
 		defer close(m.done)
@@ -63,6 +64,27 @@ func (n *NetNS) NewMonitor(t testing.TB) *Monitor {
 	}()
 	t.Cleanup(func() { m.Stop() })
 	return m
+}
+
+// WaitDAD waits (at most 10 s) until no IPv6 address in the namespace is
+// still tentative: the kernel announces the end of IPv6 duplicate address
+// detection by itself, seconds after the address was added.
+func (n *NetNS) WaitDAD(t testing.TB) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		addrs, err := n.Host.AddrList()
+		if err != nil {
+			t.Fatalf("addresses in %s: %v", n.Name, err)
+		}
+		tentative := false
+		for _, a := range addrs {
+			tentative = tentative || a.Flags&unix.IFA_F_TENTATIVE != 0
+		}
+		if !tentative {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // settle drains notifications until the namespace has been quiet for

@@ -38,37 +38,46 @@ func (e *ConflictError) Error() string {
 	return fmt.Sprintf("address %s on %s is already in use by %s (ARP probe answered)", e.IP, e.Link, e.MAC)
 }
 
-// conn is an AF_PACKET socket for ARP on one link.
-type conn struct {
+// Conn is an AF_PACKET socket for ARP on one link.
+type Conn struct {
 	link string
 	mac  net.HardwareAddr
 	pc   *packet.Conn
 }
 
-func open(h *host.Host, link string) (*conn, error) {
-	c := &conn{link: link}
+// Open opens an ARP socket on each link, all in one pass inside the
+// handle's namespace (a socket belongs to the namespace of the thread that
+// creates it; once open it works from any thread). The interfaces are
+// passed in rather than looked up by name: net.InterfaceByName dumps every
+// link, which with a thousand links is a thousand dumps of a thousand.
+func Open(h *host.Host, ifis []*net.Interface) ([]*Conn, error) {
+	conns := make([]*Conn, 0, len(ifis))
 	err := h.Do(func() error {
-		// Both the interface lookup and the socket belong to the handle's
-		// namespace; once open, the socket works from any thread.
-		ifi, err := net.InterfaceByName(link)
-		if err != nil {
-			return err
+		for _, ifi := range ifis {
+			if len(ifi.HardwareAddr) != 6 {
+				return fmt.Errorf("arp on %s: link has no Ethernet address", ifi.Name)
+			}
+			pc, err := packet.Listen(ifi, packet.Raw, etherTypeARP, nil)
+			if err != nil {
+				return fmt.Errorf("arp socket on %s: %w", ifi.Name, err)
+			}
+			conns = append(conns, &Conn{link: ifi.Name, mac: ifi.HardwareAddr, pc: pc})
 		}
-		c.mac = ifi.HardwareAddr
-		c.pc, err = packet.Listen(ifi, packet.Raw, etherTypeARP, nil)
-		return err
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("arp socket on %s: %w", link, err)
+		for _, c := range conns {
+			c.Close()
+		}
+		return nil, err
 	}
-	if len(c.mac) != 6 {
-		c.pc.Close()
-		return nil, fmt.Errorf("arp on %s: link has no Ethernet address", link)
-	}
-	return c, nil
+	return conns, nil
 }
 
-func (c *conn) send(op arp.Operation, sender, target netip.Addr) error {
+// Close closes the socket.
+func (c *Conn) Close() error { return c.pc.Close() }
+
+func (c *Conn) send(op arp.Operation, sender, target netip.Addr) error {
 	p, err := arp.NewPacket(op, c.mac, sender, ethernet.Broadcast, target)
 	if err != nil {
 		return err
@@ -89,19 +98,15 @@ func (c *conn) send(op arp.Operation, sender, target netip.Addr) error {
 	return err
 }
 
-// Probe runs duplicate-address detection for ips on link and returns, per
-// address that someone else uses, the MAC that answered. All addresses on
-// the link are probed together, so the wait is paid once per link, not per
-// address.
-func Probe(ctx context.Context, h *host.Host, link string, ips []netip.Addr, cfg Config) (map[netip.Addr]net.HardwareAddr, error) {
+// Probe runs duplicate-address detection for ips on the link and returns,
+// per address that someone else uses, the MAC that answered. All addresses
+// on the link are probed together, so the wait is paid once per link, not
+// per address (and callers probe links in parallel).
+func (c *Conn) Probe(ctx context.Context, ips []netip.Addr, cfg Config) (map[netip.Addr]net.HardwareAddr, error) {
 	if len(ips) == 0 {
 		return nil, nil
 	}
-	c, err := open(h, link)
-	if err != nil {
-		return nil, err
-	}
-	defer c.pc.Close()
+	link := c.link
 	want := make(map[netip.Addr]bool, len(ips))
 	for _, ip := range ips {
 		want[ip] = true
@@ -146,7 +151,7 @@ loop:
 
 // listen records ARP packets that show another host using a wanted address
 // until stop is closed. found is only read after listen returns.
-func (c *conn) listen(want map[netip.Addr]bool, found map[netip.Addr]net.HardwareAddr, stop <-chan struct{}) error {
+func (c *Conn) listen(want map[netip.Addr]bool, found map[netip.Addr]net.HardwareAddr, stop <-chan struct{}) error {
 	buf := make([]byte, 1500)
 	for {
 		n, _, err := c.pc.ReadFrom(buf)
@@ -185,17 +190,13 @@ func (c *conn) listen(want map[netip.Addr]bool, found map[netip.Addr]net.Hardwar
 	}
 }
 
-// Announce sends gratuitous ARP announcements for ips on link, so neighbours
-// update caches that still point at a previous owner.
-func Announce(ctx context.Context, h *host.Host, link string, ips []netip.Addr, cfg Config) error {
+// Announce sends gratuitous ARP announcements for ips on the link, so
+// neighbours update caches that still point at a previous owner.
+func (c *Conn) Announce(ctx context.Context, ips []netip.Addr, cfg Config) error {
 	if len(ips) == 0 || cfg.Announcements == 0 {
 		return nil
 	}
-	c, err := open(h, link)
-	if err != nil {
-		return err
-	}
-	defer c.pc.Close()
+	link := c.link
 	for i := 0; i < cfg.Announcements; i++ {
 		if i > 0 {
 			select {

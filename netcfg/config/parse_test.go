@@ -95,8 +95,6 @@ func TestParseInvalid(t *testing.T) {
 			`nodeagent.yaml:2: vlans[0].name: "eth0:1" contains ':', which interface names may not`},
 		{"interface name with space", "vlans:\n  - name: \"vlan 50\"\n    parent: enp1s0\n    id: 50\n",
 			`nodeagent.yaml:2: vlans[0].name: "vlan 50" contains whitespace, which interface names may not`},
-		{"interface name with tilde", "macvlans:\n  - name: \"na~1\"\n    parent: enp1s0\n",
-			`nodeagent.yaml:2: macvlans[0].name: "na~1" contains '~', which nodeagent reserves for links it is creating`},
 		{"interface name dotdot", "vlans:\n  - name: \"..\"\n    parent: enp1s0\n    id: 50\n",
 			`nodeagent.yaml:2: vlans[0].name: ".." is not a valid interface name`},
 		{"duplicate vlan on parent", "vlans:\n  - {name: a, parent: enp1s0, id: 50}\n  - {name: b, parent: enp1s0, id: 50}\n",

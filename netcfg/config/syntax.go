@@ -32,10 +32,6 @@ func checkIfName(s string) string {
 		switch {
 		case r == '/' || r == ':':
 			return fmt.Sprintf("%q contains %q, which interface names may not", s, r)
-		case r == '~':
-			// nodeagent names a link "na~…" between creating and marking it
-			// (netcfg/host.TempPrefix); no configured name may look like that.
-			return fmt.Sprintf("%q contains '~', which nodeagent reserves for links it is creating", s)
 		case r == ' ' || r == '\t' || r == '\n' || r == '\v' || r == '\f' || r == '\r':
 			return fmt.Sprintf("%q contains whitespace, which interface names may not", s)
 		case r < 0x20 || r == 0x7f:

@@ -127,10 +127,7 @@ func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
 	if typ == unix.RTM_NEWADDR {
 		req.AddData(nl.NewRtAttr(ifaProto, []byte{Proto}))
 	}
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
-	h.Wrote(1)
-	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
-	return err
+	return h.exec(req)
 }
 
 func broadcast(p netip.Prefix) []byte {

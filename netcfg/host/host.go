@@ -143,3 +143,10 @@ func kernelAtLeast(major, minor int) bool {
 	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi)
 	return ma > major || (ma == major && mi >= minor)
 }
+
+// PendingError is an object that waits for another (a parent link, a
+// tunnel device) and will be converged by a later sync. It is reported,
+// but it does not fail the sync: the thing it waits for may come up later.
+type PendingError struct{ Reason string }
+
+func (e *PendingError) Error() string { return "pending: " + e.Reason }

@@ -7,38 +7,74 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// LinkFinish renames a freshly created link to its final name, stamps it
-// with nodeagent's alias and sets it up or down, all in one RTM_NEWLINK
-// message. The kernel ignores IFLA_IFALIAS when a link is created, so a link
-// is created under a temporary name first: if nodeagent dies between the
-// two messages, what is left is a link with a temporary name (see
-// IsTempName) that the next sync removes, never an unmarked link squatting
-// on a configured name that would then look foreign.
-func (h *Host) LinkFinish(index int, name string, up bool) error {
+// CreatingGroup is the link group (IFLA_GROUP) a link carries between its
+// creation and LinkMark. The kernel ignores IFLA_IFALIAS when it creates a
+// link but honours IFLA_GROUP, so a link is born with this group and then
+// marked with the alias (and group 0) in a second message. If nodeagent dies
+// in between, the next sync recognises the link as its own by the group
+// instead of seeing an unmarked link squatting on a configured name.
+const CreatingGroup = 0x6e610001 // "na" + 1
+
+// LinkSpec is a link to create.
+type LinkSpec struct {
+	Name        string
+	Kind        string // "vlan" or "macvlan"
+	ParentIndex int
+	// Index asks the kernel for this ifindex (0: the kernel picks). Choosing
+	// it saves a lookup of the new link's index per create.
+	Index       int
+	MTU         int
+	Up          bool
+	VLANID      int
+	MacvlanMode uint32
+}
+
+// LinkCreate creates a link in one RTM_NEWLINK message, with
+// CreatingGroup as its in-flight mark.
+func (h *Host) LinkCreate(s LinkSpec) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(s.Index)
+	if s.Up {
+		msg.Change, msg.Flags = unix.IFF_UP, unix.IFF_UP
+	}
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(s.Name)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_LINK, nl.Uint32Attr(uint32(s.ParentIndex))))
+	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(CreatingGroup)))
+	if s.MTU > 0 {
+		req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(s.MTU))))
+	}
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated(s.Kind))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	switch s.Kind {
+	case "vlan":
+		data.AddRtAttr(nl.IFLA_VLAN_ID, nl.Uint16Attr(uint16(s.VLANID)))
+	case "macvlan":
+		data.AddRtAttr(nl.IFLA_MACVLAN_MODE, nl.Uint32Attr(s.MacvlanMode))
+	default:
+		return fmt.Errorf("unknown link kind %q", s.Kind)
+	}
+	req.AddData(info)
+	return h.exec(req)
+}
+
+// LinkMark stamps the link with nodeagent's alias and clears the in-flight
+// group, in one message.
+func (h *Host) LinkMark(index int) error {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(index)
-	msg.Change = unix.IFF_UP
-	if up {
-		msg.Flags = unix.IFF_UP
-	}
 	req.AddData(msg)
-	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(LinkAlias)))
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
-	h.Wrote(1)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
-		return fmt.Errorf("rename to %s and mark: %w", name, err)
-	}
-	return nil
+	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(0)))
+	return h.exec(req)
 }
 
-// TempPrefix starts the name of a link between its creation and LinkFinish.
-const TempPrefix = "na~"
-
-// IsTempName reports whether name is a temporary name nodeagent gives a link
-// it is creating. '~' never appears in a configured name (validation
-// rejects it), so such a link is always nodeagent's leftover.
-func IsTempName(name string) bool {
-	return len(name) > len(TempPrefix) && name[:len(TempPrefix)] == TempPrefix
+func (h *Host) exec(req *nl.NetlinkRequest) error {
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
+	h.Wrote(1)
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
 }

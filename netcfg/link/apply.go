@@ -2,8 +2,6 @@ package link
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -32,28 +30,28 @@ func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 		index[name] = ol.Index
 	}
 	var addrOps []Op
+	nextIndex := p.Observed.MaxIndex + 1
 	for _, o := range p.Ops {
-		if err := broken[o.Link]; err != nil && o.Kind != OpDeleteLink && o.Kind != OpDeleteTemp {
+		if err := broken[o.Link]; err != nil && o.Kind != OpDeleteLink {
 			fail(o, fmt.Errorf("skipped: %w", err))
 			continue
 		}
 		var err error
 		switch o.Kind {
-		case OpDeleteTemp, OpDeleteLink:
+		case OpDeleteLink:
 			err = deleteLink(h, o.Old.Index)
 			delete(index, o.Link)
 		case OpCreateLink:
 			var idx int
-			idx, err = createLink(h, o.Desired, index)
+			idx, err = createLink(h, o.Desired, index, nextIndex)
+			nextIndex = max(nextIndex, idx) + 1
 			if err != nil {
 				broken[o.Link] = err
 			} else {
 				index[o.Link] = idx
 			}
 		case OpAdoptLink:
-			h.Wrote(1)
-			err = h.NL().LinkSetAlias(device(o.Old.Index), host.LinkAlias)
-			if err != nil {
+			if err = h.LinkMark(o.Old.Index); err != nil {
 				broken[o.Link] = err
 			}
 		case OpSetMTU:
@@ -72,6 +70,8 @@ func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 			addrOps = append(addrOps, o)
 		case OpConflict:
 			err = errors.New(o.Reason)
+		case OpPending:
+			err = &host.PendingError{Reason: o.Reason}
 		}
 		if err != nil {
 			fail(o, err)
@@ -99,9 +99,9 @@ func deleteLink(h *host.Host, index int) error {
 	return err
 }
 
-// createLink creates l under a temporary name, then names, marks and raises
-// it in one message (see host.LinkFinish), and returns its index.
-func createLink(h *host.Host, l Link, index map[string]int) (int, error) {
+// createLink creates l, asking for ifindex want, and marks it: two
+// messages (see host.CreatingGroup). It returns the new link's index.
+func createLink(h *host.Host, l Link, index map[string]int, want int) (int, error) {
 	pidx, ok := index[l.Parent]
 	if !ok {
 		p, err := h.NL().LinkByName(l.Parent)
@@ -110,36 +110,39 @@ func createLink(h *host.Host, l Link, index map[string]int) (int, error) {
 		}
 		pidx = p.Attrs().Index
 	}
-	var b [4]byte
-	rand.Read(b[:])
-	la := netlink.NewLinkAttrs()
-	la.Name = host.TempPrefix + hex.EncodeToString(b[:])
-	la.ParentIndex = pidx
-	la.MTU = l.MTU
-	var nl netlink.Link
-	switch l.Kind {
-	case VLAN:
-		nl = &netlink.Vlan{LinkAttrs: la, VlanId: l.VLANID}
-	case Macvlan:
-		nl = &netlink.Macvlan{LinkAttrs: la, Mode: modeValue(l.Mode)}
-	default:
-		return 0, fmt.Errorf("unknown link kind %q", l.Kind)
+	spec := host.LinkSpec{
+		Name: l.Name, Kind: string(l.Kind), ParentIndex: pidx, Index: want,
+		MTU: l.MTU, Up: l.Up, VLANID: l.VLANID, MacvlanMode: kernelMode(l.Mode),
 	}
-	h.Wrote(1)
-	if err := h.NL().LinkAdd(nl); err != nil {
+	err := h.LinkCreate(spec)
+	if errors.Is(err, unix.EEXIST) {
+		// Someone took that ifindex meanwhile (or the name exists): let the
+		// kernel choose, and look the index up.
+		spec.Index = 0
+		err = h.LinkCreate(spec)
+	}
+	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", describe(l), err)
 	}
-	idx := nl.Attrs().Index
-	if err := h.LinkFinish(idx, l.Name, l.Up); err != nil {
-		// Nothing half-applied: the temporary link goes again.
-		deleteLink(h, idx)
-		return 0, err
+	idx := want
+	if spec.Index == 0 {
+		nl, err := h.NL().LinkByName(l.Name)
+		if err != nil {
+			return 0, fmt.Errorf("find created link: %w", err)
+		}
+		idx = nl.Attrs().Index
+	}
+	if err := h.LinkMark(idx); err != nil {
+		// Left with its in-flight group: the next sync marks it.
+		return 0, fmt.Errorf("mark: %w", err)
 	}
 	return idx, nil
 }
 
-// addAddrs adds addresses after duplicate-address detection. Probes for all
-// links run at once, so 1000 links cost one probe wait, not 1000.
+// addAddrs adds addresses after duplicate-address detection. The ARP
+// sockets for every link are opened in one pass and the links are probed in
+// parallel, so 1000 links cost one probe wait, not 1000; the same sockets
+// then send the announcements.
 func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[string]int) []error {
 	if len(ops) == 0 {
 		return nil
@@ -156,6 +159,34 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 		}
 		byLink[o.Link] = append(byLink[o.Link], o.Addr)
 	}
+
+	// A link that is down cannot probe; its addresses are added unprobed.
+	var errs []error
+	conns := map[string]*arp.Conn{}
+	if d.DAD != nil {
+		var ifis []*net.Interface
+		for _, link := range order {
+			if !up[link] || len(v4(byLink[link])) == 0 {
+				continue
+			}
+			l, err := h.NL().LinkByIndex(index[link])
+			if err != nil {
+				errs = append(errs, fmt.Errorf("link %s: duplicate-address detection: %w", link, err))
+				continue
+			}
+			a := l.Attrs()
+			ifis = append(ifis, &net.Interface{Index: a.Index, Name: link, HardwareAddr: a.HardwareAddr, MTU: a.MTU})
+		}
+		cs, err := arp.Open(h, ifis)
+		if err != nil {
+			return append(errs, fmt.Errorf("duplicate-address detection: %w; no address added", err))
+		}
+		for i, c := range cs {
+			conns[ifis[i].Name] = c
+			defer c.Close()
+		}
+	}
+
 	type result struct {
 		taken map[netip.Addr]net.HardwareAddr
 		err   error
@@ -165,21 +196,16 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 	for _, link := range order {
 		r := &result{}
 		results[link] = r
-		ips := v4(byLink[link])
-		// A link that is down cannot probe; its addresses are added unprobed
-		// and announced when nodeagent next sees the link up.
-		if d.DAD == nil || !up[link] || len(ips) == 0 {
-			continue
+		if c := conns[link]; c != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.taken, r.err = c.Probe(ctx, v4(byLink[link]), *d.DAD)
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.taken, r.err = arp.Probe(ctx, h, link, ips, *d.DAD)
-		}()
 	}
 	wg.Wait()
 
-	var errs []error
 	added := map[string][]netip.Addr{}
 	for _, o := range ops {
 		r := results[o.Link]
@@ -203,18 +229,16 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 			added[o.Link] = append(added[o.Link], o.Addr.Addr())
 		}
 	}
-	if d.DAD == nil {
-		return errs
-	}
 	var mu sync.Mutex
 	for link, ips := range added {
-		if !up[link] {
+		c := conns[link]
+		if c == nil {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := arp.Announce(ctx, h, link, ips, *d.DAD); err != nil {
+			if err := c.Announce(ctx, ips, *d.DAD); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()

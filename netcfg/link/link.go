@@ -59,7 +59,10 @@ type ObservedLink struct {
 	MTU    int
 	Up     bool
 	Owned  bool
-	Addrs  []ObservedAddr
+	// Interrupted reports a link nodeagent created but did not get to mark:
+	// it still has host.CreatingGroup and no alias.
+	Interrupted bool
+	Addrs       []ObservedAddr
 }
 
 // ObservedAddr is one address on an observed link.
@@ -69,12 +72,13 @@ type ObservedAddr struct {
 }
 
 // Observed is the kernel state that matters to this subsystem: every link
-// nodeagent owns, every link the desired state names (as a link or a
-// parent), and leftovers of interrupted creations.
+// nodeagent owns (including ones whose creation was interrupted) and every
+// link the desired state names, as a link or a parent.
 type Observed struct {
 	Links map[string]ObservedLink
-	// Temps are links still carrying a temporary name (host.IsTempName).
-	Temps []ObservedLink
+	// MaxIndex is the highest ifindex in the namespace; new links ask for
+	// the ones above it.
+	MaxIndex int
 }
 
 // Action is the first column of a plan line.
@@ -93,14 +97,14 @@ type OpKind int
 
 // The operations a plan is made of, in the order Apply runs them.
 const (
-	OpDeleteTemp OpKind = iota
-	OpDeleteLink        // removed from config, or recreated
+	OpDeleteLink OpKind = iota // removed from config, or recreated
 	OpCreateLink
 	OpAdoptLink
 	OpSetMTU
 	OpSetUp
 	OpDelAddr
 	OpAddAddr
+	OpPending  // not applied now: waits for its parent to appear
 	OpConflict // not applied: reported as a failure for its object
 )
 
@@ -119,9 +123,9 @@ func (o Op) Action() Action {
 	switch o.Kind {
 	case OpCreateLink, OpAddAddr:
 		return Add
-	case OpDeleteTemp, OpDeleteLink, OpDelAddr:
+	case OpDeleteLink, OpDelAddr:
 		return Remove
-	case OpConflict:
+	case OpConflict, OpPending:
 		return Fail
 	}
 	return Change
@@ -139,8 +143,6 @@ func (o Op) Object() string {
 func (o Op) String() string {
 	var s string
 	switch o.Kind {
-	case OpDeleteTemp:
-		s = fmt.Sprintf("link %s (left by an interrupted create)", o.Link)
 	case OpDeleteLink:
 		s = fmt.Sprintf("link %s (%s)", o.Link, describeObserved(o.Old))
 		if o.Reason != "" {
@@ -149,7 +151,11 @@ func (o Op) String() string {
 	case OpCreateLink:
 		s = fmt.Sprintf("link %s (%s)", o.Link, describe(o.Desired))
 	case OpAdoptLink:
-		s = fmt.Sprintf("link %s adopt (mark as nodeagent's)", o.Link)
+		if o.Old.Interrupted {
+			s = fmt.Sprintf("link %s mark (its creation was interrupted)", o.Link)
+		} else {
+			s = fmt.Sprintf("link %s adopt (mark as nodeagent's)", o.Link)
+		}
 	case OpSetMTU:
 		s = fmt.Sprintf("link %s mtu %d -> %d", o.Link, o.Old.MTU, o.Desired.MTU)
 	case OpSetUp:
@@ -158,6 +164,8 @@ func (o Op) String() string {
 		s = o.Object()
 	case OpConflict:
 		s = fmt.Sprintf("%s: %s", o.Object(), o.Reason)
+	case OpPending:
+		s = fmt.Sprintf("%s: pending: %s", o.Object(), o.Reason)
 	}
 	return string(o.Action()) + " " + s
 }

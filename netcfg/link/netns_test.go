@@ -247,22 +247,35 @@ func TestForeignLinksAndAddressesSurvive(t *testing.T) {
 	check("teardown")
 }
 
-func TestInterruptedCreateIsCleanedUp(t *testing.T) {
+func TestInterruptedCreateIsAdopted(t *testing.T) {
 	node, _ := trunkPair(t)
 	trunk, _ := node.NL.LinkByName("trunk0")
-	// What a kill -9 between create and rename leaves behind.
-	la := netlink.NewLinkAttrs()
-	la.Name, la.ParentIndex = host.TempPrefix+"0badf00d", trunk.Attrs().Index
-	if err := node.NL.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
-		t.Fatal(err)
+	// What a kill -9 between create and mark leaves behind: the link with
+	// its in-flight group and no alias. One is still wanted, one is not.
+	for _, name := range []string{"shim0", "stale0"} {
+		la := netlink.NewLinkAttrs()
+		la.Name, la.ParentIndex = name, trunk.Attrs().Index
+		if err := node.NL.LinkAdd(&netlink.Macvlan{LinkAttrs: la, Mode: netlink.MACVLAN_MODE_BRIDGE}); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := node.NL.LinkByName(name)
+		if err := node.NL.LinkSetGroup(l, host.CreatingGroup); err != nil {
+			t.Fatal(err)
+		}
 	}
 	d := Desired{Links: []Link{shim("10.10.50.3/32")}}
 	p := mustSync(t, node.Host, d)
-	if !strings.Contains(p.String(), "- link na~0badf00d (left by an interrupted create)") {
-		t.Fatalf("plan did not remove the leftover:\n%s", p)
+	for _, want := range []string{"~ link shim0 mark (its creation was interrupted)", "- link stale0 (macvlan on trunk0)"} {
+		if !strings.Contains(p.String(), want) {
+			t.Fatalf("plan lacks %q:\n%s", want, p)
+		}
 	}
-	if _, err := node.NL.LinkByName(la.Name); err == nil {
-		t.Fatal("leftover temp link survived")
+	l, err := node.NL.LinkByName("shim0")
+	if err != nil || l.Attrs().Alias != host.LinkAlias || l.Attrs().Group != 0 {
+		t.Fatalf("shim0 not marked: %v %+v", err, l)
+	}
+	if _, err := node.NL.LinkByName("stale0"); err == nil {
+		t.Fatal("stale0 survived")
 	}
 	assertNoop(t, node, d)
 }

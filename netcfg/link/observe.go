@@ -11,8 +11,9 @@ import (
 )
 
 // Observe reads the links and addresses that matter to d: every link
-// nodeagent owns, every link d names as a link or a parent, and leftovers of
-// interrupted creations. It costs one link dump and one address dump.
+// nodeagent owns (marked, or born with host.CreatingGroup and not yet
+// marked) and every link d names as a link or a parent. It costs one link
+// dump and one address dump.
 func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	links, err := h.NL().LinkList()
 	if err != nil {
@@ -31,15 +32,15 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	keep := map[int]string{}
 	for _, l := range links {
 		a := l.Attrs()
-		owned := a.Alias == host.LinkAlias
-		if host.IsTempName(a.Name) {
-			o.Temps = append(o.Temps, convert(l, byIndex, true))
-			continue
-		}
+		o.MaxIndex = max(o.MaxIndex, a.Index)
+		interrupted := a.Alias != host.LinkAlias && a.Group == host.CreatingGroup
+		owned := a.Alias == host.LinkAlias || interrupted
 		if !owned && !named[a.Name] {
 			continue
 		}
-		o.Links[a.Name] = convert(l, byIndex, owned)
+		ol := convert(l, byIndex, owned)
+		ol.Interrupted = interrupted
+		o.Links[a.Name] = ol
 		keep[a.Index] = a.Name
 	}
 	if len(keep) == 0 {
@@ -92,13 +93,20 @@ var modeName = map[netlink.MacvlanMode]string{
 	netlink.MACVLAN_MODE_SOURCE:   "source",
 }
 
-func modeValue(s string) netlink.MacvlanMode {
-	for k, v := range modeName {
-		if v == s {
-			return k
-		}
+// kernelMode is the kernel's MACVLAN_MODE_* value for a mode name
+// (linux/if_link.h; vishvananda's own enum numbers them differently).
+func kernelMode(s string) uint32 {
+	switch s {
+	case "private":
+		return 1
+	case "vepa":
+		return 2
+	case "passthru":
+		return 8
+	case "source":
+		return 16
 	}
-	return netlink.MACVLAN_MODE_BRIDGE
+	return 4 // bridge
 }
 
 // v4 returns the IPv4 addresses among ps.

@@ -9,9 +9,6 @@ import (
 // MakePlan computes the ops that take o to d. It is a pure function.
 func MakePlan(d Desired, o Observed) Plan {
 	var ops []Op
-	for _, t := range o.Temps {
-		ops = append(ops, Op{Kind: OpDeleteTemp, Link: t.Name, Old: t})
-	}
 	want := map[string]Link{}
 	for _, l := range d.Links {
 		want[l.Name] = l
@@ -68,7 +65,7 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 	_, parentWanted := want[l.Parent]
 	_, parentSeen := o.Links[l.Parent]
 	if !parentWanted && !parentSeen {
-		return conflict("pending: parent %s does not exist", l.Parent)
+		return []Op{{Kind: OpPending, Link: l.Name, Desired: l, Reason: fmt.Sprintf("parent %s does not exist", l.Parent)}}
 	}
 	if l.MTU != 0 && parentKnown && l.MTU > parentMTU {
 		return conflict("mtu %d is above parent %s's mtu %d", l.MTU, l.Parent, parentMTU)
@@ -95,6 +92,8 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 		ops = append(ops, Op{Kind: OpAdoptLink, Link: l.Name, Desired: l, Old: ol})
 	} else if diff != "" {
 		return append([]Op{{Kind: OpDeleteLink, Link: l.Name, Old: ol, Reason: "recreate: " + diff}}, create()...)
+	} else if ol.Interrupted {
+		ops = append(ops, Op{Kind: OpAdoptLink, Link: l.Name, Desired: l, Old: ol})
 	}
 	if l.MTU != 0 && l.MTU != ol.MTU {
 		ops = append(ops, Op{Kind: OpSetMTU, Link: l.Name, Desired: l, Old: ol})

@@ -2,12 +2,12 @@ package link
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,13 +170,9 @@ func TestUnmarkedVLANIsAConflict(t *testing.T) {
 	}
 }
 
-// benchVLANs is how many VLANs the converge benchmark creates.
-func benchVLANs() int {
-	if n, err := strconv.Atoi(os.Getenv("NODEAGENT_BENCH_VLANS")); err == nil && n > 0 {
-		return n
-	}
-	return 1000
-}
+// benchVLANs is how many VLANs the converge benchmark creates
+// (go test -args -vlans=N; through the VM runner: vmtest ... -args -vlans=N).
+var benchVLANs = flag.Int("vlans", 1000, "VLANs the converge benchmark creates")
 
 func benchDesired(n int, dad bool) Desired {
 	var d Desired
@@ -209,7 +205,7 @@ func ipCommands(n int) []string {
 // the same, and measures the no-op sync of the result. Run it with
 // -benchtime=1x (make bench does); each figure is one fresh namespace.
 func BenchmarkConverge1000VLANs(b *testing.B) {
-	n := benchVLANs()
+	n := *benchVLANs
 	for i := 0; i < b.N; i++ {
 		var nodeagent, withDAD, batch, perProc, noop time.Duration
 		var noopWrites int64
@@ -234,6 +230,7 @@ func BenchmarkConverge1000VLANs(b *testing.B) {
 				}
 			}
 			noopWrites = ns.Host.Writes() - before
+			dropTrunk(b, ns)
 		}
 		{
 			ns := dummyTrunk(b)
@@ -242,6 +239,7 @@ func BenchmarkConverge1000VLANs(b *testing.B) {
 				b.Fatal(err)
 			}
 			withDAD = time.Since(start)
+			dropTrunk(b, ns)
 		}
 		{
 			ns := dummyTrunk(b)
@@ -256,6 +254,7 @@ func BenchmarkConverge1000VLANs(b *testing.B) {
 				b.Fatalf("ip -batch: %v\n%s", err, out)
 			}
 			batch = time.Since(start)
+			dropTrunk(b, ns)
 		}
 		{
 			ns := dummyTrunk(b)
@@ -267,6 +266,7 @@ func BenchmarkConverge1000VLANs(b *testing.B) {
 				}
 			}
 			perProc = time.Since(start)
+			dropTrunk(b, ns)
 		}
 		b.ReportMetric(nodeagent.Seconds(), "nodeagent-s")
 		b.ReportMetric(withDAD.Seconds(), "nodeagent+dad-s")
@@ -285,6 +285,14 @@ func BenchmarkConverge1000VLANs(b *testing.B) {
 			n, n, nodeagent.Seconds(), nodeagent.Seconds()/batch.Seconds(), perProc.Seconds()/nodeagent.Seconds(),
 			withDAD.Seconds(), fastDAD.Probes, fastDAD.Interval, fastDAD.Wait,
 			batch.Seconds(), perProc.Seconds(), float64(noop.Microseconds())/1000, noopWrites)
+	}
+}
+
+// dropTrunk deletes the trunk and with it every VLAN on it, so one stage's
+// thousand links are gone before the next stage starts.
+func dropTrunk(b *testing.B, ns *testenv.NetNS) {
+	if l, err := ns.NL.LinkByName("trunk0"); err == nil {
+		ns.NL.LinkDel(l)
 	}
 }
 

@@ -1,0 +1,89 @@
+package host
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// RuleList dumps every policy routing rule of both families. It exists
+// because vishvananda/netlink v1.3's RuleList drops the rule's action
+// (fib_rule_hdr.action), so an `unreachable` rule and a `lookup` rule
+// would look alike.
+func (h *Host) RuleList() ([]netlink.Rule, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETRULE, unix.NLM_F_DUMP)
+	req.AddData(nl.NewRtMsg()) // family AF_UNSPEC: both
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
+	var out []netlink.Rule
+	var perr error
+	err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWRULE, func(m []byte) bool {
+		r, err := parseRule(m)
+		if err != nil {
+			perr = err
+			return false
+		}
+		out = append(out, r)
+		return true
+	})
+	if err == nil {
+		err = perr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dump rules: %w", err)
+	}
+	return out, nil
+}
+
+func parseRule(m []byte) (netlink.Rule, error) {
+	if len(m) < unix.SizeofRtMsg {
+		return netlink.Rule{}, fmt.Errorf("short fib_rule_hdr")
+	}
+	// struct fib_rule_hdr has the layout of struct rtmsg, with action
+	// where rtmsg has type.
+	hdr := nl.DeserializeRtMsg(m)
+	r := *netlink.NewRule()
+	r.Priority = 0
+	r.Family = int(hdr.Family)
+	r.Tos = uint(hdr.Tos)
+	r.Table = int(hdr.Table)
+	r.Type = hdr.Type
+	r.Invert = hdr.Flags&netlink.FibRuleInvert != 0
+	attrs, err := nl.ParseRouteAttr(m[unix.SizeofRtMsg:])
+	if err != nil {
+		return r, err
+	}
+	native := nl.NativeEndian()
+	prefix := func(v []byte, bits uint8) *net.IPNet {
+		return &net.IPNet{IP: net.IP(v), Mask: net.CIDRMask(int(bits), 8*len(v))}
+	}
+	for _, a := range attrs {
+		v := a.Value
+		switch a.Attr.Type {
+		case nl.FRA_PRIORITY:
+			r.Priority = int(native.Uint32(v))
+		case nl.FRA_TABLE:
+			r.Table = int(native.Uint32(v))
+		case nl.FRA_SRC:
+			r.Src = prefix(v, hdr.Src_len)
+		case nl.FRA_DST:
+			r.Dst = prefix(v, hdr.Dst_len)
+		case nl.FRA_IIFNAME:
+			r.IifName = unix.ByteSliceToString(v)
+		case nl.FRA_OIFNAME:
+			r.OifName = unix.ByteSliceToString(v)
+		case nl.FRA_FWMARK:
+			r.Mark = native.Uint32(v)
+		case nl.FRA_FWMASK:
+			mask := native.Uint32(v)
+			r.Mask = &mask
+		case nl.FRA_SUPPRESS_PREFIXLEN:
+			r.SuppressPrefixlen = int(int32(native.Uint32(v)))
+		case nl.FRA_PROTOCOL:
+			r.Protocol = v[0]
+		}
+	}
+	return r, nil
+}
