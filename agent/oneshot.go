@@ -33,7 +33,7 @@ func Load(path string) (*config.Config, netcfg.Desired, error) {
 		}
 		return nil, netcfg.Desired{}, err
 	}
-	d, err := netcfg.FromConfig(c)
+	d, err := netcfg.FromConfig(c, netcfg.DefaultTablesFile)
 	if err != nil {
 		return nil, netcfg.Desired{}, &InvalidError{fmt.Errorf("%s: %w", path, err)}
 	}
@@ -50,9 +50,7 @@ func Unsupported(c *config.Config) []string {
 			out = append(out, fmt.Sprintf("%s (%d)", what, n))
 		}
 	}
-	add(len(c.Sysctls), "sysctls")
 	add(len(c.WireGuard), "wireguard")
-	add(len(c.Routing.Tables)+len(c.Routing.Rules), "routing")
 	add(len(c.Firewall.Masquerade)+len(c.Firewall.KillSwitch)+len(c.Firewall.MSSClamp), "firewall")
 	add(len(c.Kubernetes.Labels)+len(c.Kubernetes.ConditionalLabels), "kubernetes labels")
 	add(len(c.Checks.ARPReachable), "checks")
@@ -118,8 +116,12 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, path string) 
 	cv := &netcfg.Converger{Host: h, Log: log}
 	p, err := cv.Sync(ctx, d)
 	io.WriteString(w, p.String())
-	if err != nil {
-		return err
+	pending, failed := netcfg.Split(err)
+	for _, e := range pending {
+		log.Warn("waiting", "object", e.Error())
+	}
+	if len(failed) > 0 {
+		return errors.Join(failed...)
 	}
 	if p.Empty() {
 		fmt.Fprintln(w, "no changes")
@@ -136,7 +138,7 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger) error {
 	}
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h, Log: log}
-	p, err := cv.Teardown(ctx)
+	p, err := cv.Teardown(ctx, netcfg.DefaultTablesFile)
 	io.WriteString(w, p.String())
 	return err
 }

@@ -17,15 +17,20 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/link"
+	"github.com/nodeagent/nodeagent/netcfg/route"
+	"github.com/nodeagent/nodeagent/netcfg/sysctl"
 )
 
 // Desired is the desired state of every subsystem.
 type Desired struct {
-	Link link.Desired
+	Link   link.Desired
+	Sysctl sysctl.Desired
+	Route  route.Desired
 }
 
-// FromConfig derives the desired state from a validated config.
-func FromConfig(c *config.Config) (Desired, error) {
+// FromConfig derives the desired state from a validated config. Names of
+// routing tables are written to tablesFile ("" leaves it alone).
+func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 	var d Desired
 	var errs []error
 	prefixes := func(owner string, ss []string) []netip.Prefix {
@@ -62,6 +67,10 @@ func FromConfig(c *config.Config) (Desired, error) {
 			Announcements: c.DAD.Announcements,
 		}
 	}
+	d.Sysctl = sysctl.Desired{Values: c.Sysctls}
+	var err error
+	d.Route, err = routeFromConfig(c.Routing, tablesFile)
+	errs = append(errs, err)
 	return d, errors.Join(errs...)
 }
 
@@ -71,56 +80,133 @@ type Converger struct {
 	Log  *slog.Logger
 }
 
-// Plans holds one plan per subsystem.
+// Plans holds one plan per subsystem, in the order they are applied:
+// links first (routes and per-interface sysctls name them), then sysctls
+// (forwarding before traffic is steered), then routes and rules.
 type Plans struct {
-	Link link.Plan
+	Link   link.Plan
+	Sysctl sysctl.Plan
+	Route  route.Plan
 }
 
 // Empty reports whether no subsystem has anything to do.
-func (p Plans) Empty() bool { return p.Link.Empty() }
+func (p Plans) Empty() bool { return p.Link.Empty() && p.Sysctl.Empty() && p.Route.Empty() }
 
 // String is the dry-run text of every subsystem, one line per object.
 func (p Plans) String() string {
-	var b strings.Builder
-	b.WriteString(p.Link.String())
-	return b.String()
+	return p.Link.String() + p.Sysctl.String() + p.Route.String()
 }
 
-// Plan observes the kernel and returns what a sync would change.
+// Plan observes the kernel and returns what a sync would change. A
+// subsystem that cannot be observed is reported; the others are planned.
 func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 	var p Plans
-	lo, err := link.Observe(ctx, c.Host, d.Link)
-	if err != nil {
-		return p, fmt.Errorf("links: %w", err)
+	var errs []error
+	if o, err := link.Observe(ctx, c.Host, d.Link); err != nil {
+		errs = append(errs, fmt.Errorf("links: %w", err))
+	} else {
+		p.Link = link.MakePlan(d.Link, o)
 	}
-	p.Link = link.MakePlan(d.Link, lo)
-	return p, nil
+	if o, err := sysctl.Observe(ctx, c.Host, d.Sysctl); err != nil {
+		errs = append(errs, fmt.Errorf("sysctls: %w", err))
+	} else {
+		p.Sysctl = sysctl.MakePlan(d.Sysctl, o)
+	}
+	if o, err := route.Observe(ctx, c.Host, d.Route); err != nil {
+		errs = append(errs, fmt.Errorf("routes: %w", err))
+	} else {
+		p.Route = route.MakePlan(d.Route, o)
+	}
+	return p, errors.Join(errs...)
 }
 
-// Sync observes, plans and applies every subsystem once. The plans are
-// returned so callers can show what was done.
+// Sync observes, plans and applies every subsystem once and returns the
+// plans it carried out. One failing subsystem does not stop the others: the
+// error joins one error per failed object. Objects that wait for another
+// (host.PendingError) are in the error too; Split tells them apart.
 func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 	p, err := c.Plan(ctx, d)
-	if err != nil {
-		return p, err
+	errs := []error{err}
+	for _, line := range strings.Split(strings.TrimSpace(p.String()), "\n") {
+		if line != "" {
+			c.log().Info("change", "op", line)
+		}
 	}
-	if p.Empty() {
-		return p, nil
+	// Sysctls and routes are planned against the links observed before
+	// this sync, so what names a link this sync creates is re-planned after
+	// the links.
+	if !p.Link.Empty() {
+		_, err := link.Apply(ctx, c.Host, p.Link)
+		errs = append(errs, err)
+		if o, err := sysctl.Observe(ctx, c.Host, d.Sysctl); err != nil {
+			errs = append(errs, fmt.Errorf("sysctls: %w", err))
+			p.Sysctl = sysctl.Plan{}
+		} else {
+			p.Sysctl = sysctl.MakePlan(d.Sysctl, o)
+		}
+		if o, err := route.Observe(ctx, c.Host, d.Route); err != nil {
+			errs = append(errs, fmt.Errorf("routes: %w", err))
+			p.Route = route.Plan{}
+		} else {
+			p.Route = route.MakePlan(d.Route, o)
+		}
 	}
-	for _, o := range p.Link.Ops {
-		c.log().Info("change", "subsystem", "link", "op", o.String())
+	if !p.Sysctl.Empty() {
+		_, err := sysctl.Apply(ctx, c.Host, p.Sysctl)
+		errs = append(errs, err)
 	}
-	if _, err := link.Apply(ctx, c.Host, p.Link); err != nil {
-		return p, fmt.Errorf("links: %w", err)
+	if !p.Route.Empty() {
+		_, err := route.Apply(ctx, c.Host, p.Route)
+		errs = append(errs, err)
 	}
-	return p, nil
+	return p, errors.Join(errs...)
 }
 
 // Teardown removes everything nodeagent owns, in the reverse order of
-// creation. Foreign objects are never touched.
-func (c *Converger) Teardown(ctx context.Context) (Plans, error) {
-	return c.Sync(ctx, Desired{})
+// creation. Foreign objects are never touched. Sysctls are left as they
+// are: there is no record of what they were before.
+func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, error) {
+	var d Desired
+	d.Route.TablesFile = tablesFile
+	p, err := c.Plan(ctx, d)
+	errs := []error{err}
+	if !p.Route.Empty() {
+		_, err := route.Apply(ctx, c.Host, p.Route)
+		errs = append(errs, err)
+	}
+	if !p.Link.Empty() {
+		_, err := link.Apply(ctx, c.Host, p.Link)
+		errs = append(errs, err)
+	}
+	return p, errors.Join(errs...)
 }
+
+// Split sorts the leaves of a sync error into objects that wait for another
+// (pending, to be converged by a later sync) and real failures.
+func Split(err error) (pending, failed []error) {
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		var pe *host.PendingError
+		if errors.As(e, &pe) {
+			pending = append(pending, e)
+		} else {
+			failed = append(failed, e)
+		}
+	}
+	walk(err)
+	return pending, failed
+}
+
+func joinErrs(errs []error) error { return errors.Join(errs...) }
 
 func (c *Converger) log() *slog.Logger {
 	if c.Log == nil {
