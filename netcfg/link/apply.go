@@ -164,18 +164,22 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 	var errs []error
 	conns := map[string]*arp.Conn{}
 	if d.DAD != nil {
+		// One dump for the MACs of the links just created, not one lookup
+		// per link.
+		links, err := h.LinkList()
+		if err != nil {
+			return append(errs, fmt.Errorf("duplicate-address detection: %w; no address added", err))
+		}
+		mac := map[int]net.HardwareAddr{}
+		for _, l := range links {
+			mac[l.Index] = l.HardwareAddr
+		}
 		var ifis []*net.Interface
 		for _, link := range order {
 			if !up[link] || len(v4(byLink[link])) == 0 {
 				continue
 			}
-			l, err := h.NL().LinkByIndex(index[link])
-			if err != nil {
-				errs = append(errs, fmt.Errorf("link %s: duplicate-address detection: %w", link, err))
-				continue
-			}
-			a := l.Attrs()
-			ifis = append(ifis, &net.Interface{Index: a.Index, Name: link, HardwareAddr: a.HardwareAddr, MTU: a.MTU})
+			ifis = append(ifis, &net.Interface{Index: index[link], Name: link, HardwareAddr: mac[index[link]]})
 		}
 		cs, err := arp.Open(h, ifis)
 		if err != nil {

@@ -3,11 +3,9 @@ package link
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
-	"github.com/vishvananda/netlink"
 )
 
 // Observe reads the links and addresses that matter to d: every link
@@ -15,9 +13,9 @@ import (
 // marked) and every link d names as a link or a parent. It costs one link
 // dump and one address dump.
 func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
-	links, err := h.NL().LinkList()
+	links, err := h.LinkList()
 	if err != nil {
-		return Observed{}, fmt.Errorf("dump links: %w", err)
+		return Observed{}, err
 	}
 	named := map[string]bool{}
 	for _, l := range d.Links {
@@ -26,22 +24,23 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	}
 	byIndex := make(map[int]string, len(links))
 	for _, l := range links {
-		byIndex[l.Attrs().Index] = l.Attrs().Name
+		byIndex[l.Index] = l.Name
 	}
 	o := Observed{Links: map[string]ObservedLink{}}
 	keep := map[int]string{}
 	for _, l := range links {
-		a := l.Attrs()
-		o.MaxIndex = max(o.MaxIndex, a.Index)
-		interrupted := a.Alias != host.LinkAlias && a.Group == host.CreatingGroup
-		owned := a.Alias == host.LinkAlias || interrupted
-		if !owned && !named[a.Name] {
+		o.MaxIndex = max(o.MaxIndex, l.Index)
+		interrupted := l.Alias != host.LinkAlias && l.Group == host.CreatingGroup
+		owned := l.Alias == host.LinkAlias || interrupted
+		if !owned && !named[l.Name] {
 			continue
 		}
-		ol := convert(l, byIndex, owned)
-		ol.Interrupted = interrupted
-		o.Links[a.Name] = ol
-		keep[a.Index] = a.Name
+		o.Links[l.Name] = ObservedLink{
+			Index: l.Index, Name: l.Name, Kind: l.Kind, Parent: byIndex[l.ParentIndex],
+			VLANID: l.VLANID, Mode: modeName(l), MTU: l.MTU, Up: l.Up,
+			Owned: owned, Interrupted: interrupted,
+		}
+		keep[l.Index] = l.Name
 	}
 	if len(keep) == 0 {
 		return o, nil
@@ -65,32 +64,17 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	return o, nil
 }
 
-func convert(l netlink.Link, byIndex map[int]string, owned bool) ObservedLink {
-	a := l.Attrs()
-	ol := ObservedLink{
-		Index:  a.Index,
-		Name:   a.Name,
-		Kind:   l.Type(),
-		Parent: byIndex[a.ParentIndex],
-		MTU:    a.MTU,
-		Up:     a.Flags&net.FlagUp != 0,
-		Owned:  owned,
+// modeName is the macvlan mode of l by name, "" for other kinds.
+func modeName(l host.Link) string {
+	if l.Kind != string(Macvlan) {
+		return ""
 	}
-	switch v := l.(type) {
-	case *netlink.Vlan:
-		ol.VLANID = v.VlanId
-	case *netlink.Macvlan:
-		ol.Mode = modeName[v.Mode]
+	for _, m := range []string{"private", "vepa", "bridge", "passthru", "source"} {
+		if kernelMode(m) == l.MacvlanMode {
+			return m
+		}
 	}
-	return ol
-}
-
-var modeName = map[netlink.MacvlanMode]string{
-	netlink.MACVLAN_MODE_PRIVATE:  "private",
-	netlink.MACVLAN_MODE_VEPA:     "vepa",
-	netlink.MACVLAN_MODE_BRIDGE:   "bridge",
-	netlink.MACVLAN_MODE_PASSTHRU: "passthru",
-	netlink.MACVLAN_MODE_SOURCE:   "source",
+	return fmt.Sprintf("mode %d", l.MacvlanMode)
 }
 
 // kernelMode is the kernel's MACVLAN_MODE_* value for a mode name

@@ -40,14 +40,14 @@ type Observed struct {
 // Observe dumps links, routes of every table and rules once each.
 func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	o := Observed{Links: map[string]int{}}
-	links, err := h.NL().LinkList()
+	links, err := h.LinkList()
 	if err != nil {
-		return o, fmt.Errorf("dump links: %w", err)
+		return o, err
 	}
 	names := map[int]string{}
 	for _, l := range links {
-		o.Links[l.Attrs().Name] = l.Attrs().Index
-		names[l.Attrs().Index] = l.Attrs().Name
+		o.Links[l.Name] = l.Index
+		names[l.Index] = l.Name
 	}
 	tables := map[int]bool{}
 	for _, r := range d.Routes {
