@@ -30,25 +30,32 @@ func (a Addr) Owned() bool { return a.Proto == Proto }
 func (h *Host) AddrList() ([]Addr, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
 	req.AddData(nl.NewIfAddrmsg(unix.AF_UNSPEC))
+	out, err := dump(h, req, unix.RTM_NEWADDR, parseAddr)
+	if err != nil {
+		return nil, fmt.Errorf("dump addresses: %w", err)
+	}
+	return out, nil
+}
+
+// dump runs a dump request on the handle's socket and parses every reply
+// of type typ; the first parse error ends it.
+func dump[T any](h *Host, req *nl.NetlinkRequest, typ uint16, parse func([]byte) (T, error)) ([]T, error) {
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
-	var out []Addr
+	var out []T
 	var perr error
-	err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWADDR, func(m []byte) bool {
-		a, err := parseAddr(m)
+	err := req.ExecuteIter(unix.NETLINK_ROUTE, typ, func(m []byte) bool {
+		v, err := parse(m)
 		if err != nil {
 			perr = err
 			return false
 		}
-		out = append(out, a)
+		out = append(out, v)
 		return true
 	})
-	if err != nil {
-		return nil, fmt.Errorf("dump addresses: %w", err)
+	if err == nil {
+		err = perr
 	}
-	if perr != nil {
-		return nil, fmt.Errorf("dump addresses: %w", perr)
-	}
-	return out, nil
+	return out, err
 }
 
 func parseAddr(m []byte) (Addr, error) {

@@ -35,21 +35,7 @@ func (h *Host) LinkList() ([]Link, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
 	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(rtextFilterSkipStats)))
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
-	var out []Link
-	var perr error
-	err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWLINK, func(m []byte) bool {
-		l, err := parseLink(m)
-		if err != nil {
-			perr = err
-			return false
-		}
-		out = append(out, l)
-		return true
-	})
-	if err == nil {
-		err = perr
-	}
+	out, err := dump(h, req, unix.RTM_NEWLINK, parseLink)
 	if err != nil {
 		return nil, fmt.Errorf("dump links: %w", err)
 	}

@@ -16,21 +16,7 @@ import (
 func (h *Host) RuleList() ([]netlink.Rule, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETRULE, unix.NLM_F_DUMP)
 	req.AddData(nl.NewRtMsg()) // family AF_UNSPEC: both
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
-	var out []netlink.Rule
-	var perr error
-	err := req.ExecuteIter(unix.NETLINK_ROUTE, unix.RTM_NEWRULE, func(m []byte) bool {
-		r, err := parseRule(m)
-		if err != nil {
-			perr = err
-			return false
-		}
-		out = append(out, r)
-		return true
-	})
-	if err == nil {
-		err = perr
-	}
+	out, err := dump(h, req, unix.RTM_NEWRULE, parseRule)
 	if err != nil {
 		return nil, fmt.Errorf("dump rules: %w", err)
 	}

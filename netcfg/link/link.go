@@ -12,6 +12,7 @@ package link
 import (
 	"fmt"
 	"github.com/nodeagent/nodeagent/netcfg/arp"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"net/netip"
 	"slices"
 	"strings"
@@ -200,15 +201,12 @@ func describeObserved(l ObservedLink) string {
 
 // Plan is an ordered list of ops. The zero Plan changes nothing.
 type Plan struct {
-	Ops []Op
+	plan.Ops[Op]
 	// Desired and Observed are what the plan was made from; Apply uses
 	// them to find parents and to observe the result.
 	Desired  Desired
 	Observed Observed
 }
-
-// Empty reports whether the plan changes nothing and reports nothing.
-func (p Plan) Empty() bool { return len(p.Ops) == 0 }
 
 // Conflicts returns the ops that cannot be applied.
 func (p Plan) Conflicts() []Op {
@@ -219,16 +217,6 @@ func (p Plan) Conflicts() []Op {
 		}
 	}
 	return out
-}
-
-// String is the dry-run text: one line per object.
-func (p Plan) String() string {
-	var b strings.Builder
-	for _, o := range p.Ops {
-		b.WriteString(o.String())
-		b.WriteByte('\n')
-	}
-	return b.String()
 }
 
 func sortPrefixes(ps []netip.Prefix) {

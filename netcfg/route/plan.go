@@ -3,8 +3,8 @@ package route
 import (
 	"bytes"
 	"fmt"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"slices"
-	"strings"
 )
 
 // OpKind says what an Op does; Apply runs kinds in this order. Routes go
@@ -65,21 +65,9 @@ func (o Op) String() string {
 
 // Plan is an ordered list of ops.
 type Plan struct {
-	Ops      []Op
+	plan.Ops[Op]
 	Desired  Desired
 	Observed Observed
-}
-
-// Empty reports whether the plan changes and reports nothing.
-func (p Plan) Empty() bool { return len(p.Ops) == 0 }
-
-func (p Plan) String() string {
-	var b strings.Builder
-	for _, o := range p.Ops {
-		b.WriteString(o.String())
-		b.WriteByte('\n')
-	}
-	return b.String()
 }
 
 // TablesFileContent renders the rt_tables.d entry for tables.

@@ -36,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"maps"
 	"path"
 	"path/filepath"
@@ -156,24 +157,11 @@ func (o Op) err() error {
 
 // Plan is an ordered list of ops. The zero Plan changes nothing.
 type Plan struct {
-	Ops []Op
+	plan.Ops[Op]
 	// Desired and Observed are what the plan was made from; Apply uses
 	// Desired to find files and to observe the result.
 	Desired  Desired
 	Observed Observed
-}
-
-// Empty reports whether the plan changes nothing and reports nothing.
-func (p Plan) Empty() bool { return len(p.Ops) == 0 }
-
-// String is the dry-run text: one line per key.
-func (p Plan) String() string {
-	var b strings.Builder
-	for _, o := range p.Ops {
-		b.WriteString(o.String())
-		b.WriteByte('\n')
-	}
-	return b.String()
 }
 
 // parseKey splits a key in sysctl(8) form into file names: '.' separates
