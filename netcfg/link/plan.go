@@ -19,7 +19,12 @@ func MakePlan(d Desired, o Observed) Plan {
 			ops = append(ops, Op{Kind: OpDeleteLink, Link: name, Old: ol})
 		}
 	}
+	waiting := waitingForParent(d, o)
 	for _, l := range d.Links {
+		if parent, ok := waiting[l.Name]; ok {
+			ops = append(ops, Op{Kind: OpPending, Link: l.Name, Desired: l, Reason: fmt.Sprintf("parent %s does not exist", parent)})
+			continue
+		}
 		ops = append(ops, planLink(l, want, o)...)
 	}
 	slices.SortStableFunc(ops, func(a, b Op) int {
@@ -61,11 +66,6 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 		parentMTU, parentKnown = p.MTU, true
 	} else if op, ok := o.Links[l.Parent]; ok {
 		parentMTU, parentKnown = op.MTU, true
-	}
-	_, parentWanted := want[l.Parent]
-	_, parentSeen := o.Links[l.Parent]
-	if !parentWanted && !parentSeen {
-		return []Op{{Kind: OpPending, Link: l.Name, Desired: l, Reason: fmt.Sprintf("parent %s does not exist", l.Parent)}}
 	}
 	if l.MTU != 0 && parentKnown && l.MTU > parentMTU {
 		return conflict("mtu %d is above parent %s's mtu %d", l.MTU, l.Parent, parentMTU)
@@ -118,6 +118,38 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 		}
 	}
 	return ops
+}
+
+// waitingForParent returns the desired links that cannot be created yet,
+// with the missing parent each waits for: a parent that neither exists nor
+// will be created by this sync, directly or further up (a shim on a VLAN
+// whose trunk is missing waits too).
+func waitingForParent(d Desired, o Observed) map[string]string {
+	want := map[string]Link{}
+	for _, l := range d.Links {
+		want[l.Name] = l
+	}
+	waiting := map[string]string{}
+	var missing func(name string, depth int) string
+	missing = func(name string, depth int) string {
+		if _, ok := o.Links[name]; ok {
+			return ""
+		}
+		l, ok := want[name]
+		if !ok || depth > len(d.Links) {
+			return name
+		}
+		return missing(l.Parent, depth+1)
+	}
+	for _, l := range d.Links {
+		if _, ok := o.Links[l.Name]; ok {
+			continue
+		}
+		if m := missing(l.Parent, 0); m != "" {
+			waiting[l.Name] = m
+		}
+	}
+	return waiting
 }
 
 // differs says why an existing link cannot become l by changing it in

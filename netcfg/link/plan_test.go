@@ -53,6 +53,8 @@ func TestMakePlan(t *testing.T) {
 			"! link enp1s0.50: exists but cannot be adopted: vlan id 50 -> 60\n"},
 		{"missing parent is pending", []Link{v50}, Observed{Links: links()},
 			"! link enp1s0.50: pending: parent enp1s0 does not exist\n"},
+		{"a shim on a pending VLAN is pending too", []Link{v50, shim}, Observed{Links: links()},
+			"! link enp1s0.50: pending: parent enp1s0 does not exist\n! link vlan50-shim: pending: parent enp1s0 does not exist\n"},
 		{"address swap; foreign address kept", []Link{with(v50, func(l *Link) { l.Addrs = []netip.Prefix{pfx("10.10.50.2/24")} })},
 			Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
 				l.Addrs = append(l.Addrs, ObservedAddr{Prefix: pfx("192.0.2.9/32")})
