@@ -38,7 +38,7 @@ test-vm:
 # Benchmarks with their baselines side by side: rules and routes in a host
 # netns, VLANs inside the VM (they need 8021q).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route ./netcfg/link
 	$(VMTEST) -bench . -benchtime 1x -run '^$$' ./netcfg/link
 
 fuzz:

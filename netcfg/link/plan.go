@@ -101,19 +101,15 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 	if l.Up != ol.Up {
 		ops = append(ops, Op{Kind: OpSetUp, Link: l.Name, Desired: l, Old: ol})
 	}
-	have := map[string]ObservedAddr{}
-	for _, a := range ol.Addrs {
-		have[a.Prefix.String()] = a
-	}
-	wantAddr := map[string]bool{}
+	// A link has a handful of addresses: scanning beats building maps, and
+	// this runs for every link on every sync.
 	for _, a := range l.Addrs {
-		wantAddr[a.String()] = true
-		if _, ok := have[a.String()]; !ok {
+		if !slices.ContainsFunc(ol.Addrs, func(o ObservedAddr) bool { return o.Prefix == a }) {
 			ops = append(ops, Op{Kind: OpAddAddr, Link: l.Name, Addr: a})
 		}
 	}
 	for _, a := range ol.Addrs {
-		if a.Owned && !wantAddr[a.Prefix.String()] {
+		if a.Owned && !slices.Contains(l.Addrs, a.Prefix) {
 			ops = append(ops, Op{Kind: OpDelAddr, Link: l.Name, Addr: a.Prefix})
 		}
 	}
