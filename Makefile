@@ -17,11 +17,12 @@ VMTEST  := $(GO) run ./testenv/cmd/vmtest
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/nodeagent ./cmd/nodeagent
 
-# Every tier that exists: unit + host-kernel netns (as root) and the VM tier,
+# Every tier that exists: unit + host-kernel netns (as root, with the VM
+# runner's own smoke test) and the VM tier,
 # then one summary over both logs.
 test:
 	@mkdir -p $(LOGDIR); status=0; \
-	$(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
+	NODEAGENT_VM_SMOKE=1 $(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
 	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
 	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log || status=1; \
 	exit $$status
