@@ -298,3 +298,57 @@ routing:
 		t.Fatalf("%d replies went out the main default", got)
 	}
 }
+
+// TestEveryRouteAndRuleFormRoundTrips applies one of each route and rule
+// form the config offers and checks that the kernel reports them back as
+// configured: the second sync must plan nothing, or nodeagent would rewrite
+// them on every sync.
+func TestEveryRouteAndRuleFormRoundTrips(t *testing.T) {
+	_, node, _, _ := gatewayLab(t)
+	cfg := `
+routing:
+  tables:
+    - id: 150
+      name: vlan50-egress
+      killSwitch: true
+      routes:
+        - {to: default, via: 10.99.0.2, dev: tun0}
+        - {to: 10.10.50.0/24, dev: vlan50, src: 10.10.50.1}
+        - {to: 10.10.51.0/24, via: 10.10.50.30, dev: vlan50, metric: 20, onlink: true}
+        - {to: 10.10.52.0/24, type: blackhole}
+        - {to: 10.10.53.0/24, type: prohibit, metric: 5}
+        - {to: 10.10.54.1/32, dev: vlan50, scope: host}
+        - {to: "fd00:51::/64", via: "fd00:50::30", dev: vlan50, metric: 7}
+    - id: 1500
+      routes:
+        - {to: 192.0.2.0/24, dev: uplink}
+  rules:
+    - {priority: 1000, from: 10.10.50.0/24, table: 150}
+    - {priority: 1001, from: "fd00:50::/64", table: 150}
+    - {priority: 1002, to: 10.20.0.0/16, table: 1500}
+    - {priority: 1003, iif: vlan50, table: 150}
+    - {priority: 1004, oif: tun0, table: 150}
+    - {priority: 1005, fwmark: "0x10", table: 150}
+    - {priority: 1006, fwmark: "0x20/0xf0", table: 150}
+    - {priority: 1007, table: 254, suppressPrefixLength: 0}
+    - {priority: 1008, from: 10.30.0.0/16, action: unreachable}
+    - {priority: 1009, from: 10.31.0.0/16, action: blackhole}
+    - {priority: 1010, from: 10.32.0.0/16, action: prohibit}
+    - {priority: 1011, from: 10.33.0.0/16, table: 150, invert: true}
+`
+	p := mustConverge(t, node, cfg)
+	if strings.Contains(p.String(), "!") {
+		t.Fatalf("first sync could not apply everything:\n%s", p)
+	}
+	if p := mustConverge(t, node, cfg); !p.Empty() {
+		t.Fatalf("the kernel reports something other than what was configured; the second sync plans:\n%s", p)
+	}
+	out := node.Exec(t, "ip", "-d", "rule", "show")
+	for _, want := range []string{"1005:\tfrom all fwmark 0x10 lookup 150 proto 147", "1006:\tfrom all fwmark 0x20/0xf0 lookup 150 proto 147",
+		"1007:\tfrom all lookup main suppress_prefixlength 0 proto 147", "1008:\tfrom 10.30.0.0/16 unreachable proto 147",
+		"1011:\tnot from 10.33.0.0/16 lookup 150 proto 147"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ip rule lacks %q:\n%s", want, out)
+		}
+	}
+}
