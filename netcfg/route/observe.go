@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -30,24 +31,43 @@ type ObservedRule struct {
 type Observed struct {
 	Routes []ObservedRoute
 	Rules  []ObservedRule
-	// Links maps every link name to its index.
+	// Links maps the links that routes name (desired or observed) to their
+	// index; 0 means the link does not exist.
 	Links map[string]int
 	// TablesFile is the current content of Desired.TablesFile, nil when
 	// absent.
 	TablesFile []byte
 }
 
-// Observe dumps links, routes of every table and rules once each.
+// Observe dumps routes of every table and rules once each, and looks up
+// only the links that routes name (not a dump of every link: the link
+// subsystem already dumps them, and with a thousand VLANs that dump is most
+// of a no-op sync).
 func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	o := Observed{Links: map[string]int{}}
-	links, err := h.LinkList()
-	if err != nil {
-		return o, err
+	for _, r := range d.Routes {
+		if r.Dev == "" {
+			continue
+		}
+		if _, seen := o.Links[r.Dev]; seen {
+			continue
+		}
+		l, err := h.NL().LinkByName(r.Dev)
+		var nf netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &nf):
+			o.Links[r.Dev] = 0 // absent: routes on it are pending
+		case err != nil:
+			return o, fmt.Errorf("link %s: %w", r.Dev, err)
+		default:
+			o.Links[r.Dev] = l.Attrs().Index
+		}
 	}
 	names := map[int]string{}
-	for _, l := range links {
-		o.Links[l.Name] = l.Index
-		names[l.Index] = l.Name
+	for name, idx := range o.Links {
+		if idx != 0 {
+			names[idx] = name
+		}
 	}
 	tables := map[int]bool{}
 	for _, r := range d.Routes {
@@ -62,6 +82,16 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 		if !owned && !tables[r.Table] {
 			continue
 		}
+		if _, ok := names[r.LinkIndex]; !ok && r.LinkIndex != 0 {
+			// A route on a link no desired route names (an owned route
+			// left from an older config): one lookup per such link.
+			if l, err := h.NL().LinkByIndex(r.LinkIndex); err == nil {
+				names[r.LinkIndex] = l.Attrs().Name
+				if _, named := o.Links[l.Attrs().Name]; !named {
+					o.Links[l.Attrs().Name] = r.LinkIndex
+				}
+			}
+		}
 		or, ok := fromKernelRoute(r, names)
 		if !ok {
 			continue // multipath or MPLS: never nodeagent's
@@ -70,7 +100,7 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	}
 	rules, err := h.RuleList()
 	if err != nil {
-		return o, fmt.Errorf("dump rules: %w", err)
+		return o, err
 	}
 	for _, r := range rules {
 		if int(r.Protocol) != host.Proto {
