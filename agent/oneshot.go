@@ -57,6 +57,10 @@ func Unsupported(c *config.Config) []string {
 	return out
 }
 
+func usesRouting(d netcfg.Desired) bool {
+	return len(d.Route.Routes) > 0 || len(d.Route.Rules) > 0
+}
+
 // Validate checks the config at path and writes a one-line verdict to w.
 func Validate(w io.Writer, path string) error {
 	c, _, err := Load(path)
@@ -90,6 +94,11 @@ func Plan(ctx context.Context, w io.Writer, path string) error {
 	for _, u := range Unsupported(c) {
 		fmt.Fprintf(w, "! %s: not converged by this build\n", u)
 	}
+	if usesRouting(d) {
+		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
+			fmt.Fprintf(w, "warning: %s\n", warn)
+		}
+	}
 	if p.Empty() {
 		fmt.Fprintln(w, "no changes")
 		return nil
@@ -113,6 +122,11 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, path string) 
 		return err
 	}
 	defer h.Close()
+	if usesRouting(d) {
+		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
+			log.Warn(warn)
+		}
+	}
 	cv := &netcfg.Converger{Host: h, Log: log}
 	p, err := cv.Sync(ctx, d)
 	io.WriteString(w, p.String())
