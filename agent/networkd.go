@@ -11,8 +11,8 @@ import (
 // NetworkdPaths says where to look for systemd-networkd; tests point it at a
 // temporary tree.
 type NetworkdPaths struct {
-	// State exists while systemd-networkd runs.
-	State string
+	// Proc is scanned for a running systemd-networkd.
+	Proc string
 	// Conf and ConfDirs are networkd.conf and its drop-in directories, in
 	// the order systemd reads them.
 	Conf     string
@@ -22,7 +22,7 @@ type NetworkdPaths struct {
 // DefaultNetworkdPaths returns systemd's own paths.
 func DefaultNetworkdPaths() NetworkdPaths {
 	return NetworkdPaths{
-		State:    "/run/systemd/netif",
+		Proc:     "/proc",
 		Conf:     "/etc/systemd/networkd.conf",
 		ConfDirs: []string{"/usr/lib/systemd/networkd.conf.d", "/run/systemd/networkd.conf.d", "/etc/systemd/networkd.conf.d"},
 	}
@@ -34,8 +34,8 @@ func DefaultNetworkdPaths() NetworkdPaths {
 // (yes), networkd removes rules and routes it did not configure whenever it
 // reconfigures, nodeagent's included.
 func NetworkdConflicts(p NetworkdPaths) []string {
-	if _, err := os.Stat(p.State); err != nil {
-		return nil // not running
+	if !networkdRunning(p.Proc) {
+		return nil
 	}
 	settings := map[string]string{}
 	files := []string{p.Conf}
@@ -82,6 +82,19 @@ func isTrue(v string) bool {
 	switch strings.ToLower(v) {
 	case "1", "yes", "true", "on":
 		return true
+	}
+	return false
+}
+
+// networkdRunning reports whether a systemd-networkd process exists (its
+// state directory outlives it, so that is no sign).
+func networkdRunning(proc string) bool {
+	comms, _ := filepath.Glob(filepath.Join(proc, "[0-9]*", "comm"))
+	for _, c := range comms {
+		// comm is truncated to 15 bytes: "systemd-network".
+		if b, err := os.ReadFile(c); err == nil && strings.TrimSpace(string(b)) == "systemd-network" {
+			return true
+		}
 	}
 	return false
 }

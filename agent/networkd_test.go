@@ -24,9 +24,12 @@ func TestNetworkdConflicts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			p := NetworkdPaths{State: filepath.Join(dir, "netif"), Conf: filepath.Join(dir, "networkd.conf"), ConfDirs: []string{filepath.Join(dir, "d")}}
+			p := NetworkdPaths{Proc: filepath.Join(dir, "proc"), Conf: filepath.Join(dir, "networkd.conf"), ConfDirs: []string{filepath.Join(dir, "d")}}
+			os.MkdirAll(filepath.Join(p.Proc, "1"), 0o755)
+			os.WriteFile(filepath.Join(p.Proc, "1", "comm"), []byte("systemd\n"), 0o644)
 			if tt.running {
-				os.Mkdir(p.State, 0o755)
+				os.MkdirAll(filepath.Join(p.Proc, "42"), 0o755)
+				os.WriteFile(filepath.Join(p.Proc, "42", "comm"), []byte("systemd-network\n"), 0o644)
 			}
 			os.WriteFile(p.Conf, []byte(tt.conf), 0o644)
 			os.Mkdir(p.ConfDirs[0], 0o755)

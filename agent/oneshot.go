@@ -23,8 +23,19 @@ type InvalidError struct{ Err error }
 func (e *InvalidError) Error() string { return e.Err.Error() }
 func (e *InvalidError) Unwrap() error { return e.Err }
 
-// Load reads and validates the config at path and derives the desired state.
-func Load(path string) (*config.Config, netcfg.Desired, error) {
+// Options are what the one-shot commands are run with.
+type Options struct {
+	// Config is the path of nodeagent.yaml.
+	Config string
+	// TablesFile is the rt_tables.d entry naming the routing tables;
+	// "" leaves names alone. The demo lab points it away from /etc.
+	TablesFile string
+}
+
+// Load reads and validates the config at o.Config and derives the desired
+// state.
+func Load(o Options) (*config.Config, netcfg.Desired, error) {
+	path := o.Config
 	c, err := config.Load(path)
 	if err != nil {
 		var list config.ErrorList
@@ -33,7 +44,7 @@ func Load(path string) (*config.Config, netcfg.Desired, error) {
 		}
 		return nil, netcfg.Desired{}, err
 	}
-	d, err := netcfg.FromConfig(c, netcfg.DefaultTablesFile)
+	d, err := netcfg.FromConfig(c, o.TablesFile)
 	if err != nil {
 		return nil, netcfg.Desired{}, &InvalidError{fmt.Errorf("%s: %w", path, err)}
 	}
@@ -62,8 +73,9 @@ func usesRouting(d netcfg.Desired) bool {
 }
 
 // Validate checks the config at path and writes a one-line verdict to w.
-func Validate(w io.Writer, path string) error {
-	c, _, err := Load(path)
+func Validate(w io.Writer, o Options) error {
+	path := o.Config
+	c, _, err := Load(o)
 	if err != nil {
 		return err
 	}
@@ -76,8 +88,8 @@ func Validate(w io.Writer, path string) error {
 
 // Plan writes what a sync would change, one line per object, without
 // writing anything. It needs no privileges.
-func Plan(ctx context.Context, w io.Writer, path string) error {
-	c, d, err := Load(path)
+func Plan(ctx context.Context, w io.Writer, o Options) error {
+	c, d, err := Load(o)
 	if err != nil {
 		return err
 	}
@@ -109,8 +121,9 @@ func Plan(ctx context.Context, w io.Writer, path string) error {
 
 // ApplyOnce converges the node to the config once. It writes the changes it
 // made to w and fails naming every object that failed.
-func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, path string) error {
-	c, d, err := Load(path)
+func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) error {
+	path := o.Config
+	c, d, err := Load(o)
 	if err != nil {
 		return err
 	}
@@ -145,14 +158,14 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, path string) 
 
 // Teardown removes everything nodeagent owns on this node, whatever the
 // config says, and nothing else.
-func Teardown(ctx context.Context, w io.Writer, log *slog.Logger) error {
+func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) error {
 	h, err := host.Current()
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h, Log: log}
-	p, err := cv.Teardown(ctx, netcfg.DefaultTablesFile)
+	p, err := cv.Teardown(ctx, o.TablesFile)
 	io.WriteString(w, p.String())
 	return err
 }

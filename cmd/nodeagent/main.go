@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/nodeagent/nodeagent/agent"
+	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 )
@@ -35,6 +36,10 @@ Usage:
 
 Flags:
   -c, --config FILE   config file (default %s; env NODEAGENT_CONFIG)
+      --rt-tables FILE
+                      where the routing tables' names are written for ip(8)
+                      (default /etc/iproute2/rt_tables.d/nodeagent.conf;
+                      env NODEAGENT_RT_TABLES; "" to write none)
       --once          with apply: converge once and exit
   -h, --help          this help
 
@@ -49,6 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringP("config", "c", DefaultConfig, "config file")
+	fs.String("rt-tables", netcfg.DefaultTablesFile, "rt_tables.d entry")
 	once := fs.Bool("once", false, "converge once and exit")
 	help := fs.BoolP("help", "h", false, "help")
 	if err := fs.Parse(args); err != nil {
@@ -60,7 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	v.SetEnvPrefix("NODEAGENT")
 	v.AutomaticEnv()
 	v.BindPFlag("config", fs.Lookup("config"))
-	cfg := v.GetString("config")
+	v.BindPFlag("rt_tables", fs.Lookup("rt-tables"))
+	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables")}
 
 	if *help || fs.NArg() == 0 {
 		fmt.Fprintf(stdout, usage, DefaultConfig)
@@ -76,17 +83,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch cmd := fs.Arg(0); cmd {
 	case "validate":
-		err = agent.Validate(stdout, cfg)
+		err = agent.Validate(stdout, opts)
 	case "plan":
-		err = agent.Plan(ctx, stdout, cfg)
+		err = agent.Plan(ctx, stdout, opts)
 	case "apply":
 		if !*once {
 			fmt.Fprintln(stderr, "nodeagent: apply needs --once (the long-running loop is not in this build)")
 			return 2
 		}
-		err = agent.ApplyOnce(ctx, stdout, log, cfg)
+		err = agent.ApplyOnce(ctx, stdout, log, opts)
 	case "teardown":
-		err = agent.Teardown(ctx, stdout, log)
+		err = agent.Teardown(ctx, stdout, log, opts)
 	case "version":
 		fmt.Fprintln(stdout, "nodeagent", version)
 	default:

@@ -67,6 +67,8 @@ func TestCLIInNamespace(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
+	// Never the host's /etc: the namespace is the test's, the file system is not.
+	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(t.TempDir(), "nodeagent.conf"))
 	write := func(s string) { os.WriteFile(cfg, []byte(s), 0o600) }
 	write("dad: {probes: 1, interval: 10ms, wait: 100ms}\nmacvlans:\n  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}\n")
 
@@ -105,7 +107,7 @@ func TestManPageCoversUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := strings.ReplaceAll(string(man), `\-`, "-")
-	for _, word := range []string{"validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig} {
+	for _, word := range []string{"validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES"} {
 		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig), word) {
 			t.Errorf("usage lacks %q", word)
 		}
