@@ -62,7 +62,6 @@ func Unsupported(c *config.Config) []string {
 		}
 	}
 	add(len(c.WireGuard), "wireguard")
-	add(len(c.Firewall.Masquerade)+len(c.Firewall.KillSwitch)+len(c.Firewall.MSSClamp), "firewall")
 	add(len(c.Kubernetes.Labels)+len(c.Kubernetes.ConditionalLabels), "kubernetes labels")
 	add(len(c.Checks.ARPReachable), "checks")
 	return out

@@ -17,12 +17,14 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/link"
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/sysctl"
 )
 
 // Desired is the desired state of every subsystem.
 type Desired struct {
+	Nft    nft.Desired
 	Link   link.Desired
 	Sysctl sysctl.Desired
 	Route  route.Desired
@@ -71,6 +73,8 @@ func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 	var err error
 	d.Route, err = routeFromConfig(c.Routing, tablesFile)
 	errs = append(errs, err)
+	d.Nft, err = nftFromConfig(c.Firewall)
+	errs = append(errs, err)
 	return d, errors.Join(errs...)
 }
 
@@ -81,20 +85,25 @@ type Converger struct {
 }
 
 // Plans holds one plan per subsystem, in the order they are applied:
-// links first (routes and per-interface sysctls name them), then sysctls
-// (forwarding before traffic is steered), then routes and rules.
+// nftables first, so the kill switch is armed before anything forwards (its
+// rules name interfaces, not links, so they need none to exist); then links
+// (routes and per-interface sysctls name them), sysctls (forwarding before
+// traffic is steered), and routes and rules.
 type Plans struct {
+	Nft    nft.Plan
 	Link   link.Plan
 	Sysctl sysctl.Plan
 	Route  route.Plan
 }
 
 // Empty reports whether no subsystem has anything to do.
-func (p Plans) Empty() bool { return p.Link.Empty() && p.Sysctl.Empty() && p.Route.Empty() }
+func (p Plans) Empty() bool {
+	return p.Nft.Empty() && p.Link.Empty() && p.Sysctl.Empty() && p.Route.Empty()
+}
 
 // String is the dry-run text of every subsystem, one line per object.
 func (p Plans) String() string {
-	return p.Link.String() + p.Sysctl.String() + p.Route.String()
+	return p.Nft.String() + p.Link.String() + p.Sysctl.String() + p.Route.String()
 }
 
 // Plan observes the kernel and returns what a sync would change. A
@@ -102,6 +111,11 @@ func (p Plans) String() string {
 func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 	var p Plans
 	var errs []error
+	if o, err := nft.Observe(ctx, c.Host, d.Nft); err != nil {
+		errs = append(errs, fmt.Errorf("nftables: %w", err))
+	} else {
+		p.Nft = nft.MakePlan(d.Nft, o)
+	}
 	if o, err := link.Observe(ctx, c.Host, d.Link); err != nil {
 		errs = append(errs, fmt.Errorf("links: %w", err))
 	} else {
@@ -131,6 +145,10 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 		if line != "" {
 			c.log().Info("change", "op", line)
 		}
+	}
+	if !p.Nft.Empty() {
+		_, err := nft.Apply(ctx, c.Host, p.Nft)
+		errs = append(errs, err)
 	}
 	// Sysctls and routes are planned against the links observed before
 	// this sync, so what names a link this sync creates is re-planned after
@@ -176,6 +194,10 @@ func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, err
 	}
 	if !p.Link.Empty() {
 		_, err := link.Apply(ctx, c.Host, p.Link)
+		errs = append(errs, err)
+	}
+	if !p.Nft.Empty() {
+		_, err := nft.Apply(ctx, c.Host, p.Nft)
 		errs = append(errs, err)
 	}
 	return p, errors.Join(errs...)

@@ -189,6 +189,18 @@ func TestParseInvalid(t *testing.T) {
 			`nodeagent.yaml:3: firewall.killSwitch[0].allowOut: required`},
 		{"mss clamp name", "firewall:\n  mssClamp: [wireguard-pia-tunnel]\n",
 			`nodeagent.yaml:2: firewall.mssClamp[0]: "wireguard-pia-tunnel" is 20 bytes`},
+		{"snat family", "firewall:\n  snat:\n    - {from: 10.10.50.0/24, out: wg0, to: \"fd00::1\"}\n",
+			`nodeagent.yaml:3: firewall.snat[0].to: fd00::1 and 10.10.50.0/24 are different address families`},
+		{"snat without to", "firewall:\n  snat:\n    - {from: 10.10.50.0/24, out: wg0}\n",
+			`nodeagent.yaml:3: firewall.snat[0].to: required`},
+		{"snat to a prefix", "firewall:\n  snat:\n    - {from: 10.10.50.0/24, out: wg0, to: 192.0.2.1/32}\n",
+			`nodeagent.yaml:3: firewall.snat[0].to: "192.0.2.1/32" is not an IP address`},
+		{"snat of masqueraded traffic", "firewall:\n  masquerade:\n    - {from: 10.10.50.0/24, out: wg0}\n  snat:\n    - {from: 10.10.50.0/24, out: wg0, to: 192.0.2.1}\n",
+			`nodeagent.yaml:5: firewall.snat[0]: traffic from 10.10.50.0/24 out wg0 is already masqueraded at firewall.masquerade[0] (line 3)`},
+		{"forward without in", "firewall:\n  forward:\n    - {out: enp1s0}\n",
+			`nodeagent.yaml:3: firewall.forward[0].in: required`},
+		{"duplicate forward", "firewall:\n  forward:\n    - {in: wg0, out: enp1s0}\n    - {in: wg0, out: enp1s0}\n",
+			`nodeagent.yaml:4: firewall.forward[1]: duplicate forward in wg0 out enp1s0; first at firewall.forward[0] (line 3)`},
 
 		// Sysctls.
 		{"sysctl outside net", "sysctls:\n  kernel.panic: \"10\"\n",
@@ -500,6 +512,13 @@ func TestParseValid(t *testing.T) {
     - {priority: 2, fwmark: 0x10/0xff, table: 253}
     - {priority: 3, fwmark: "16", action: unreachable}
     - {priority: 4, iif: wg0, suppressPrefixLength: 0, table: 254}
+`},
+		{"firewall", `firewall:
+  masquerade: [{from: 10.90.0.0/24, out: enp1s0}, {from: "fd00:90::/64", out: enp1s0}]
+  snat: [{from: 10.91.0.0/24, out: enp1s0, to: 192.168.2.10}]
+  forward: [{in: wg0, out: enp1s0}]
+  killSwitch: [{from: 10.10.50.0/24, allowOut: [wg-pia]}, {from: "fd00:50::/64", allowOut: [wg-pia]}]
+  mssClamp: [wg-pia]
 `},
 		{"trailing empty document", "node: {name: n1}\n---\n"},
 		{"null sections", "vlans:\nrouting:\n"},

@@ -140,14 +140,34 @@ type Rule struct {
 // Firewall is nodeagent's own nftables ruleset.
 type Firewall struct {
 	Masquerade []Masquerade `yaml:"masquerade"`
-	KillSwitch []KillSwitch `yaml:"killSwitch"`
-	MSSClamp   []string     `yaml:"mssClamp"`
+	SNAT       []SNAT       `yaml:"snat"`
+	// Forward accepts forwarded traffic between two interfaces in
+	// nodeagent's own chain, plus established and related traffic. An
+	// accept there does not override a drop in another table.
+	Forward    []ForwardAccept `yaml:"forward"`
+	KillSwitch []KillSwitch    `yaml:"killSwitch"`
+	MSSClamp   []string        `yaml:"mssClamp"`
 }
 
 // Masquerade rewrites the source of traffic from From leaving by Out.
 type Masquerade struct {
 	From string `yaml:"from"`
 	Out  string `yaml:"out"`
+}
+
+// SNAT rewrites the source of traffic from From leaving by Out to the
+// fixed address To, of the same family as From.
+type SNAT struct {
+	From string `yaml:"from"`
+	Out  string `yaml:"out"`
+	To   string `yaml:"to"`
+}
+
+// ForwardAccept accepts forwarded traffic coming in by In and leaving by
+// Out.
+type ForwardAccept struct {
+	In  string `yaml:"in"`
+	Out string `yaml:"out"`
 }
 
 // KillSwitch lets forwarded traffic from From leave only by AllowOut.

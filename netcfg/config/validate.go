@@ -610,6 +610,42 @@ func (v *validator) firewall(f Firewall) {
 			}
 		}
 	}
+	snat := map[mkey]string{}
+	for i, x := range f.SNAT {
+		p := indexPath("firewall.snat", i)
+		from, msg := parseNetPrefix(x.From)
+		okFrom := v.check(fieldPath(p, "from"), msg)
+		okOut := v.check(fieldPath(p, "out"), checkIfName(x.Out))
+		to, msg := parseAddr(x.To)
+		if v.check(fieldPath(p, "to"), msg) && okFrom && to.Is4() != from.Addr().Is4() {
+			v.errorf(fieldPath(p, "to"), "%s and %s are different address families", x.To, x.From)
+		}
+		if okFrom && okOut {
+			k := mkey{x.From, x.Out}
+			if first, dup := snat[k]; dup {
+				v.errorf(p, "duplicate snat from %s out %s; first at %s", x.From, x.Out, v.where(first))
+			} else if first, dup := masq[k]; dup {
+				v.errorf(p, "traffic from %s out %s is already masqueraded at %s", x.From, x.Out, v.where(first))
+			} else {
+				snat[k] = p
+			}
+		}
+	}
+	type fkey struct{ in, out string }
+	fwd := map[fkey]string{}
+	for i, x := range f.Forward {
+		p := indexPath("firewall.forward", i)
+		okIn := v.check(fieldPath(p, "in"), checkIfName(x.In))
+		okOut := v.check(fieldPath(p, "out"), checkIfName(x.Out))
+		if okIn && okOut {
+			k := fkey{x.In, x.Out}
+			if first, dup := fwd[k]; dup {
+				v.errorf(p, "duplicate forward in %s out %s; first at %s", x.In, x.Out, v.where(first))
+			} else {
+				fwd[k] = p
+			}
+		}
+	}
 	ks := map[string]string{}
 	for i, k := range f.KillSwitch {
 		p := indexPath("firewall.killSwitch", i)
