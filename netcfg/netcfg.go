@@ -73,7 +73,7 @@ func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 	var err error
 	d.Route, err = routeFromConfig(c.Routing, tablesFile)
 	errs = append(errs, err)
-	d.Nft, err = nftFromConfig(c.Firewall)
+	d.Nft, err = nft.FromConfig(c.Firewall)
 	errs = append(errs, err)
 	return d, errors.Join(errs...)
 }

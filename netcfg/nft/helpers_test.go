@@ -2,13 +2,9 @@ package nft
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net"
-	"net/netip"
 	"os/exec"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,55 +17,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// desiredFromConfig is netcfg's nftFromConfig, repeated here because this
-// package cannot import netcfg. Keep the two the same.
-func desiredFromConfig(c config.Firewall) (Desired, error) {
-	var d Desired
-	var errs []error
-	prefix := func(path, s string) (netip.Prefix, bool) {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", path, err))
-			return p, false
-		}
-		return p.Masked(), true
-	}
-	for i, m := range c.Masquerade {
-		if p, ok := prefix(fmt.Sprintf("firewall.masquerade[%d].from", i), m.From); ok {
-			d.Masquerade = append(d.Masquerade, Masquerade{From: p, Out: m.Out})
-		}
-	}
-	for i, s := range c.SNAT {
-		p, ok := prefix(fmt.Sprintf("firewall.snat[%d].from", i), s.From)
-		to, err := netip.ParseAddr(s.To)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("firewall.snat[%d].to: %w", i, err))
-			continue
-		}
-		if ok {
-			d.SNAT = append(d.SNAT, SNAT{From: p, Out: s.Out, To: to})
-		}
-	}
-	for _, f := range c.Forward {
-		d.Forward = append(d.Forward, Forward{In: f.In, Out: f.Out})
-	}
-	for i, k := range c.KillSwitch {
-		if p, ok := prefix(fmt.Sprintf("firewall.killSwitch[%d].from", i), k.From); ok {
-			d.KillSwitch = append(d.KillSwitch, KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)})
-		}
-	}
-	d.MSSClamp = slices.Clone(c.MSSClamp)
-	return d, errors.Join(errs...)
-}
-
-// parse turns the firewall section of a nodeagent.yaml into Desired.
 func parse(t testing.TB, yaml string) Desired {
 	t.Helper()
 	c, err := config.ParseWith("nodeagent.yaml", []byte(yaml), config.Options{SkipFileChecks: true})
 	if err != nil {
 		t.Fatalf("config:\n%v", err)
 	}
-	d, err := desiredFromConfig(c.Firewall)
+	d, err := FromConfig(c.Firewall)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package netcfg
+package nft
 
 import (
 	"errors"
@@ -7,14 +7,13 @@ import (
 	"slices"
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
-	"github.com/nodeagent/nodeagent/netcfg/nft"
 )
 
-// nftFromConfig derives the nftables subsystem's desired state. The config
+// FromConfig derives the nftables subsystem's desired state. The config
 // is validated already; what fails here is reported, not assumed away.
 // Prefixes are masked, so that a source compares as the kernel holds it.
-func nftFromConfig(c config.Firewall) (nft.Desired, error) {
-	var d nft.Desired
+func FromConfig(c config.Firewall) (Desired, error) {
+	var d Desired
 	var errs []error
 	prefix := func(path, s string) (netip.Prefix, bool) {
 		p, err := netip.ParsePrefix(s)
@@ -26,7 +25,7 @@ func nftFromConfig(c config.Firewall) (nft.Desired, error) {
 	}
 	for i, m := range c.Masquerade {
 		if p, ok := prefix(fmt.Sprintf("firewall.masquerade[%d].from", i), m.From); ok {
-			d.Masquerade = append(d.Masquerade, nft.Masquerade{From: p, Out: m.Out})
+			d.Masquerade = append(d.Masquerade, Masquerade{From: p, Out: m.Out})
 		}
 	}
 	for i, s := range c.SNAT {
@@ -37,15 +36,15 @@ func nftFromConfig(c config.Firewall) (nft.Desired, error) {
 			continue
 		}
 		if ok {
-			d.SNAT = append(d.SNAT, nft.SNAT{From: p, Out: s.Out, To: to})
+			d.SNAT = append(d.SNAT, SNAT{From: p, Out: s.Out, To: to})
 		}
 	}
 	for _, f := range c.Forward {
-		d.Forward = append(d.Forward, nft.Forward{In: f.In, Out: f.Out})
+		d.Forward = append(d.Forward, Forward{In: f.In, Out: f.Out})
 	}
 	for i, k := range c.KillSwitch {
 		if p, ok := prefix(fmt.Sprintf("firewall.killSwitch[%d].from", i), k.From); ok {
-			d.KillSwitch = append(d.KillSwitch, nft.KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)})
+			d.KillSwitch = append(d.KillSwitch, KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)})
 		}
 	}
 	d.MSSClamp = slices.Clone(c.MSSClamp)
