@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -62,10 +61,7 @@ func TestCLIInNamespace(t *testing.T) {
 	node := testenv.NewNetNS(t)
 	peer := testenv.NewNetNS(t)
 	node.Veth(t, "enp1s0", peer, "eth0")
-	bin := filepath.Join(t.TempDir(), "nodeagent")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := binary(t)
 	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
 	// Never the host's /etc: the namespace is the test's, the file system is not.
 	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(t.TempDir(), "nodeagent.conf"))
