@@ -8,8 +8,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 LOGDIR  := .cache/test
 # Packages whose tests run in the VM too: the VLAN tests need 8021q and dummy,
-# and the routing scenarios are worth proving on Debian's own kernel.
-VM_PKGS ?= ./netcfg/link ./netcfg
+# and the routing and nftables scenarios are worth proving on Debian's own kernel.
+VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
 .PHONY: build test test-unit test-vm bench fuzz lint demo clean
