@@ -14,6 +14,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"golang.org/x/sys/unix"
 )
 
 // InvalidError is a config that failed validation. Its text is the list
@@ -99,8 +100,18 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h}
 	p, err := cv.Plan(ctx, d)
-	if err != nil {
-		return err
+	// Without CAP_NET_ADMIN the kernel refuses to show some state (the
+	// nftables ruleset): say which, and plan everything else.
+	var unreadable []error
+	_, failed := netcfg.Split(err)
+	for _, e := range failed {
+		if !errors.Is(e, unix.EPERM) {
+			return err
+		}
+		unreadable = append(unreadable, e)
+	}
+	for _, e := range unreadable {
+		fmt.Fprintf(w, "! %v (not readable without root; that part is not planned)\n", e)
 	}
 	for _, u := range Unsupported(c) {
 		fmt.Fprintf(w, "! %s: not converged by this build\n", u)

@@ -155,3 +155,37 @@ func TestKillNineMidApply(t *testing.T) {
 	}
 	t.Logf("%d runs killed with SIGKILL mid-apply; converged after", killed)
 }
+
+// TestValidateAndPlanWithoutRoot runs validate and plan as nobody: both
+// work, and plan says which part the kernel would not show.
+func TestValidateAndPlanWithoutRoot(t *testing.T) {
+	testenv.RequireRoot(t) // to become nobody
+	if _, err := exec.LookPath("su"); err != nil {
+		t.Skip("needs su to run as nobody")
+	}
+	bin := binary(t)
+	dir, err := os.MkdirTemp("", "nodeagent-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, p := range []string{dir, filepath.Dir(bin)} {
+		os.Chmod(p, 0o755)
+	}
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	example, err := os.ReadFile("../../examples/homelab.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(cfg, example, 0o644)
+	for _, args := range [][]string{{"validate"}, {"plan"}} {
+		line := fmt.Sprintf("%s %s -c %s --rt-tables ''", bin, args[0], cfg)
+		out, err := exec.Command("su", "nobody", "-s", "/bin/sh", "-c", line).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s as nobody: %v\n%s", args[0], err, out)
+		}
+		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "wireguard (2): not converged by this build")) {
+			t.Fatalf("plan as nobody:\n%s", out)
+		}
+	}
+}
