@@ -36,10 +36,10 @@ test-vm:
 	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log
 	@$(GO) run ./testenv/cmd/testsum $(LOGDIR)/vm.log
 
-# Benchmarks with their baselines side by side: rules and routes in a host
-# netns, VLANs inside the VM (they need 8021q).
+# Benchmarks with their baselines side by side: rules, routes and nftables in a host
+# netns (and the no-op sync of 1000 links), VLANs inside the VM (they need 8021q).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route ./netcfg/link
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route ./netcfg/nft ./netcfg/link
 	$(VMTEST) -bench . -benchtime 1x -run '^$$' ./netcfg/link
 
 fuzz:
