@@ -2,6 +2,7 @@ package host
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -37,25 +38,50 @@ func (h *Host) AddrList() ([]Addr, error) {
 	return out, nil
 }
 
+// dumpAttempts is how often a dump the kernel reports as interrupted is
+// tried again before giving up.
+const dumpAttempts = 5
+
 // dump runs a dump request on the handle's socket and parses every reply
-// of type typ; the first parse error ends it.
+// of type typ; the first parse error ends it. A dump that the kernel marks
+// interrupted (NLM_F_DUMP_INTR: the table changed while it was read, as
+// when IPv6 finishes DAD on a new link) is incomplete, so it is run again.
 func dump[T any](h *Host, req *nl.NetlinkRequest, typ uint16, parse func([]byte) (T, error)) ([]T, error) {
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
-	var out []T
-	var perr error
-	err := req.ExecuteIter(unix.NETLINK_ROUTE, typ, func(m []byte) bool {
-		v, err := parse(m)
-		if err != nil {
-			perr = err
-			return false
+	var err error
+	for range dumpAttempts {
+		var out []T
+		var perr error
+		err = req.ExecuteIter(unix.NETLINK_ROUTE, typ, func(m []byte) bool {
+			v, err := parse(m)
+			if err != nil {
+				perr = err
+				return false
+			}
+			out = append(out, v)
+			return true
+		})
+		if err == nil {
+			err = perr
 		}
-		out = append(out, v)
-		return true
-	})
-	if err == nil {
-		err = perr
+		if !errors.Is(err, nl.ErrDumpInterrupted) {
+			return out, err
+		}
 	}
-	return out, err
+	return nil, err
+}
+
+// Retry runs a read that may fail with an interrupted dump (vishvananda's
+// list calls return nl.ErrDumpInterrupted) until it completes.
+func Retry[T any](list func() (T, error)) (T, error) {
+	var v T
+	var err error
+	for range dumpAttempts {
+		if v, err = list(); !errors.Is(err, nl.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return v, err
 }
 
 func parseAddr(m []byte) (Addr, error) {

@@ -73,7 +73,9 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	for _, r := range d.Routes {
 		tables[r.Table] = true
 	}
-	routes, err := h.NL().RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	routes, err := host.Retry(func() ([]netlink.Route, error) {
+		return h.NL().RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return o, fmt.Errorf("dump routes: %w", err)
 	}
