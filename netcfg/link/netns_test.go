@@ -334,3 +334,30 @@ func BenchmarkNoopSync1000Macvlans(b *testing.B) {
 			n, n, where, cold.Seconds()*1000, float64(best.Microseconds())/1000, writes)
 	}
 }
+
+// TestGratuitousARPAnnouncesTheAddress checks that a claimed address is
+// announced: a neighbour that learns from gratuitous ARP (arp_accept) has
+// the shim's MAC for it without ever asking. (With announcements off the
+// neighbour never learns it: the probes' sender address is 0.0.0.0.)
+func TestGratuitousARPAnnouncesTheAddress(t *testing.T) {
+	node, other := trunkPair(t)
+	other.Exec(t, "sysctl", "-qw", "net.ipv4.conf.wire0.arp_accept=1")
+	other.Exec(t, "ip", "addr", "add", "10.10.50.20/24", "dev", "wire0")
+	mustSync(t, node.Host, Desired{Links: []Link{shim("10.10.50.3/24")}, DAD: fastDAD})
+	l, err := node.NL.LinkByName("shim0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := l.Attrs().HardwareAddr.String()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		out := other.Exec(t, "ip", "neigh", "show", "10.10.50.3", "dev", "wire0")
+		if strings.Contains(out, mac) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the neighbour never learned 10.10.50.3 is at %s: %q", mac, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
