@@ -31,9 +31,10 @@ import (
 //
 // Apply works from p.Observed: if the table was changed since, the
 // transaction may fail, and nothing of it is applied; the next sync
-// observes again. The kill-switch counters are carried over into refilled
-// rules. Tables owned by another process (NFT_TABLE_F_OWNER) are left out
-// and reported.
+// observes again. The kill switch counts into a named counter object
+// (KillSwitchCounter), which refilling a chain does not touch and Apply
+// never writes once it exists, so no count is carried over or lost. Tables
+// owned by another process (NFT_TABLE_F_OWNER) are left out and reported.
 func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 	if p.Empty() {
 		return p.Observed, nil
@@ -132,10 +133,13 @@ func (b *batch) fail(err error) {
 	}
 }
 
-// addTable queues t and everything in it: sets with their elements before
-// the chains whose rules look them up.
+// addTable queues t and everything in it: objects, and sets with their
+// elements, before the chains whose rules refer to them.
 func (b *batch) addTable(t Table) {
 	tbl := b.c.AddTable(&nftables.Table{Family: t.Family, Name: t.Name})
+	for _, o := range t.Objects {
+		b.addObject(tbl, o)
+	}
 	for _, s := range t.Sets {
 		b.addSet(tbl, s)
 	}
@@ -183,10 +187,14 @@ func (b *batch) updateTable(t, cur Table) {
 			delSets = append(delSets, s.Name)
 		}
 	}
+	// Objects to delete: unwanted (a counter is never replaced: one that
+	// is wanted is left as it is). Rules that refer to them must go first,
+	// so their chains are refilled too.
+	delObjs := objectDiff(t.Objects, cur.Objects)
 	refill := map[string]bool{}
 	for _, ch := range cur.Chains {
 		for _, r := range ch.Rules {
-			if slices.ContainsFunc(delSets, r.looksUp) {
+			if slices.ContainsFunc(delSets, r.looksUp) || slices.ContainsFunc(delObjs, r.refersTo) {
 				refill[ch.Name] = true
 			}
 		}
@@ -219,7 +227,16 @@ func (b *batch) updateTable(t, cur Table) {
 		}
 	}
 
-	// 2. Sets: delete, add, and update elements in place.
+	// 2. Objects: delete the unwanted, once no rule refers to them, and
+	// add the missing.
+	for _, o := range delObjs {
+		b.c.DeleteObject(&nftables.NamedObj{Table: tbl, Name: o.Name, Type: o.Type})
+	}
+	for _, o := range objectDiff(cur.Objects, t.Objects) {
+		b.addObject(tbl, o)
+	}
+
+	// 3. Sets: delete, add, and update elements in place.
 	for _, name := range delSets {
 		b.c.DelSet(&nftables.Set{Name: name, Table: tbl})
 	}
@@ -244,15 +261,14 @@ func (b *batch) updateTable(t, cur Table) {
 		}
 	}
 
-	// 3. Chains: add the new ones, update policies, refill rules.
+	// 4. Chains: add the new ones, update policies, refill rules.
 	for _, ch := range t.Chains {
 		cur, ok := haveChains[ch.Name]
 		switch {
 		case !ok || replaceChain[ch.Name]:
 			b.addRules(tbl, b.addChain(tbl, ch), ch.Rules)
 		case refill[ch.Name]:
-			nc := b.addChainIfPolicy(tbl, ch, cur)
-			b.addRules(tbl, nc, carryCounters(ch.Rules, cur.Rules))
+			b.addRules(tbl, b.addChainIfPolicy(tbl, ch, cur), ch.Rules)
 		default:
 			b.addChainIfPolicy(tbl, ch, cur)
 		}
@@ -277,6 +293,21 @@ func sameHook(a, b nftables.Chain) bool {
 	eq := func(x, y *nftables.ChainHook) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
 	eqp := func(x, y *nftables.ChainPriority) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
 	return a.Type == b.Type && eq(a.Hooknum, b.Hooknum) && eqp(a.Priority, b.Priority)
+}
+
+// addObject queues the creation of o, holding o.Counter if it is a
+// counter. It is only queued for an object that does not exist: NEWOBJ
+// on an existing one would update it.
+func (b *batch) addObject(tbl *nftables.Table, o Object) {
+	var data expr.Any
+	switch o.Type {
+	case nftables.ObjTypeCounter:
+		data = &expr.Counter{Packets: o.Counter.Packets, Bytes: o.Counter.Bytes}
+	default:
+		b.fail(fmt.Errorf("%s: nodeagent creates no objects of this type", o.header()))
+		return
+	}
+	b.c.AddObj(&nftables.NamedObj{Table: tbl, Name: o.Name, Type: o.Type, Obj: data})
 }
 
 func (b *batch) addSet(tbl *nftables.Table, s Set) {
@@ -316,6 +347,14 @@ func (r Rule) looksUp(set string) bool {
 	})
 }
 
+// refersTo reports whether r refers to the named object o.
+func (r Rule) refersTo(o Object) bool {
+	return slices.ContainsFunc(r.Exprs, func(e any) bool {
+		ref, ok := e.(*expr.Objref)
+		return ok && nftables.ObjType(ref.Type) == o.Type && ref.Name == o.Name
+	})
+}
+
 // elementDiff returns the elements of have that want lacks and those of
 // want that have lacks, compared as the kernel holds them (key, end key,
 // interval-end flag).
@@ -340,44 +379,4 @@ func elementDiff(have, want []nftables.SetElement) (del, add []nftables.SetEleme
 		}
 	}
 	return del, add
-}
-
-// carryCounters returns want with each counter given the packets and bytes
-// of the observed rule that renders the same, so that refilling a chain
-// does not reset what status reports.
-func carryCounters(want, have []Rule) []Rule {
-	old := map[string][][]expr.Counter{}
-	for _, r := range have {
-		var ctrs []expr.Counter
-		for _, e := range r.Exprs {
-			if c, ok := e.(*expr.Counter); ok {
-				ctrs = append(ctrs, *c)
-			}
-		}
-		if len(ctrs) > 0 {
-			old[r.String()] = append(old[r.String()], ctrs)
-		}
-	}
-	out := make([]Rule, len(want))
-	for i, r := range want {
-		out[i] = r
-		k := r.String()
-		if len(old[k]) == 0 {
-			continue
-		}
-		ctrs := old[k][0]
-		old[k] = old[k][1:]
-		exprs := make([]any, len(r.Exprs))
-		n := 0
-		for j, e := range r.Exprs {
-			exprs[j] = e
-			if _, ok := e.(*expr.Counter); ok && n < len(ctrs) {
-				c := ctrs[n]
-				exprs[j] = &c
-				n++
-			}
-		}
-		out[i].Exprs = exprs
-	}
-	return out
 }

@@ -37,6 +37,8 @@ func benchScript(d Desired) string {
 		ks = append(ks, k.From.String())
 	}
 	return fmt.Sprintf(`table inet nodeagent {
+	counter ks_drops {
+	}
 	set ks_tun0_out {
 		type ifname
 		elements = { "tun0" }
@@ -53,7 +55,7 @@ func benchScript(d Desired) string {
 	}
 	chain forward {
 		type filter hook forward priority -10; policy accept;
-		ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter drop comment "nodeagent kill switch"
+		ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter name "ks_drops" drop comment "nodeagent kill switch"
 	}
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;

@@ -159,7 +159,15 @@ func TestDriftRepairedAndNoopSilent(t *testing.T) {
 		want string
 	}{
 		{"rule deleted", "delete rule inet nodeagent forward handle " + handle[1],
-			"+ nft inet nodeagent chain forward: ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter drop comment \"nodeagent kill switch\"\n"},
+			"+ nft inet nodeagent chain forward: ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n"},
+		// The kernel will not delete an object a rule refers to: the
+		// chain goes first.
+		{"counter deleted by hand", "flush chain inet nodeagent forward; delete counter inet nodeagent ks_drops",
+			"+ nft inet nodeagent counter ks_drops\n" +
+				"+ nft inet nodeagent chain forward: ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
+				"+ nft inet nodeagent chain forward: ip6 saddr @ks_tun0_v6 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
+				"+ nft inet nodeagent chain forward: ct state established,related accept\n" +
+				"+ nft inet nodeagent chain forward: iifname \"wg0\" oifname \"uplink\" accept\n"},
 		{"chain deleted", "flush chain inet nodeagent mssclamp; delete chain inet nodeagent mssclamp",
 			"+ nft inet nodeagent chain mssclamp { type filter hook forward priority -150; policy accept; }\n" +
 				"+ nft inet nodeagent chain mssclamp: oifname @mss_if tcp flags syn tcp option maxseg size set rt mtu\n" +
@@ -214,8 +222,8 @@ func TestDriftRepairedAndNoopSilent(t *testing.T) {
 	}
 }
 
-// handles returns the kernel handle of the table and of each chain, set
-// and rule in it, by object.
+// handles returns the kernel handle of the table and of each counter,
+// chain, set and rule in it, by object.
 func handles(t *testing.T, ns *testenv.NetNS) map[string]float64 {
 	t.Helper()
 	var doc struct {
@@ -231,7 +239,7 @@ func handles(t *testing.T, ns *testenv.NetNS) map[string]float64 {
 			switch kind {
 			case "table":
 				out["table"] = h
-			case "chain", "set":
+			case "chain", "set", "counter":
 				out[kind+" "+v["name"].(string)] = h
 			case "rule":
 				out[fmt.Sprintf("rule %s #%v", v["chain"], h)] = h
@@ -243,7 +251,8 @@ func handles(t *testing.T, ns *testenv.NetNS) map[string]float64 {
 
 // TestConfigChangeUpdatesInPlace: a config change touches exactly what
 // changes. New elements go into the existing set; a chain whose rules
-// change is refilled, keeping its handle; nothing else is replaced.
+// change is refilled, keeping its handle; nothing else is replaced, the
+// kill switch's counter object included, until the kill switch goes.
 func TestConfigChangeUpdatesInPlace(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	converge(t, ns, parse(t, fullConfig))
@@ -280,6 +289,17 @@ func TestConfigChangeUpdatesInPlace(t *testing.T) {
 		if after[k] != h {
 			t.Errorf("%s: handle %v, was %v: replaced", k, after[k], h)
 		}
+	}
+
+	// Without the kill switch, its counter goes in the transaction that
+	// removes the rules counting into it.
+	noKillSwitch := parse(t, strings.Replace(moreForward, "killSwitch:", "#", 1))
+	p = converge(t, ns, noKillSwitch)
+	if !strings.Contains(p.String(), "- nft inet nodeagent counter ks_drops\n") {
+		t.Fatalf("dropping the kill switch keeps its counter:\n%s", p)
+	}
+	if p := MakePlan(noKillSwitch, observe(t, ns)); !p.Empty() {
+		t.Fatalf("not converged without the kill switch:\n%s", p)
 	}
 }
 

@@ -11,8 +11,9 @@
 // without NFT_TABLE_F_OWNER, so the kill switch outlives the daemon.
 //
 // The ruleset is rendered, desired and observed alike, into nft-like text
-// lines: the table, each chain with its type, hook, priority and policy,
-// each set with its type and flags, each set element and each rule with its
+// lines: the table, each named object (the kill switch's counter) by type
+// and name, each chain with its type, hook, priority and policy, each set
+// with its type and flags, each set element and each rule with its
 // expressions decoded from what the kernel reports. The observed side is
 // read from the kernel on every sync, never remembered, so anything changed
 // by hand in the table shows up as a difference, and MakePlan's text is
@@ -21,8 +22,9 @@
 // Apply makes every change of a sync in one netlink transaction, and
 // updates the table in place rather than deleting and re-adding it: a
 // chain whose rules differ is flushed and refilled, a set gets the elements
-// it lacks and loses the ones it should not have, and whatever is right is
-// not touched. nf_tables commits a batch all or nothing, and a chain's old
+// it lacks and loses the ones it should not have, a missing object is
+// created (an existing one is never written, so a counter is never reset),
+// and whatever is right is not touched. nf_tables commits a batch all or nothing, and a chain's old
 // rules and a set's old elements give way to the new ones when the
 // generation flips, so the kill switch never has a gap. Deleting and
 // re-adding the table in one transaction does have one (see Apply), so it
@@ -30,6 +32,9 @@
 //
 // Layout of the table (chains exist only when something needs them):
 //
+//	counter ks_drops
+//	    the kill switch's drops, a named counter object that every
+//	    kill-switch rule counts into (see KillSwitchCounter)
 //	chain forward { type filter hook forward priority -10; policy accept; }
 //	    kill switch drops first, then ct state established,related accept
 //	    and the forward accepts: an established connection whose route
@@ -68,9 +73,27 @@ import (
 // with it is nodeagent's.
 const TableName = "nodeagent"
 
-// KillSwitchComment is the comment on every kill-switch drop rule. Observe
-// sums the counters of the rules carrying it into Observed.KillSwitchDrops.
+// KillSwitchComment is the comment on every kill-switch drop rule.
 const KillSwitchComment = "nodeagent kill switch"
+
+// KillSwitchCounter is the named counter object every kill-switch drop
+// rule counts into (`counter name "ks_drops"`); Observe reports it as
+// Observed.KillSwitchDrops.
+//
+// A named counter is table-level state: flushing and refilling the forward
+// chain, which every change of its rules does, leaves it alone, so no drop
+// goes uncounted across a refill. An anonymous counter in the rule would be
+// created anew with the rule, and carrying its value over means reading it
+// at Observe and writing it back at the commit, losing whatever was counted
+// in between. The object is created with the first kill-switch rule, never
+// written again (so never reset), and goes when the kill switch or the
+// table does; if deleted by hand it is recreated, from zero.
+//
+// There is one for the whole kill switch, not one per group of sources:
+// groups are keyed by their allowOut lists, so a config change that edits
+// a list renames the group, and a per-group counter would go with the old
+// name, taking its drops out of the total that status reports.
+const KillSwitchCounter = "ks_drops"
 
 // Chain priorities.
 //
@@ -169,8 +192,22 @@ type Table struct {
 	Family nftables.TableFamily
 	Name   string
 	Flags  uint32
-	Sets   []Set
-	Chains []Chain
+	// Objects are the table's named stateful objects: the kill switch's
+	// counter, and whatever was added by hand.
+	Objects []Object
+	Sets    []Set
+	Chains  []Chain
+}
+
+// Object is a named stateful object of a table. Objects are told apart by
+// type and name, as the kernel does.
+type Object struct {
+	Type nftables.ObjType
+	Name string
+	// Counter is a counter object's packets and bytes: what the kernel
+	// reports for an observed one, the starting value for a desired one.
+	// Neither is part of the object's rendering, so counting is no change.
+	Counter Counter
 }
 
 // Set is a named set and its elements. Set.Table is not used.
@@ -236,6 +273,9 @@ func (d Desired) Tables() []Table {
 		}
 	}
 	var fwd []Rule
+	if len(ks) > 0 {
+		b.t.Objects = append(b.t.Objects, Object{Type: nftables.ObjTypeCounter, Name: KillSwitchCounter})
+	}
 	ksNames := groupNames("ks_", sortedKeys(ks))
 	for _, key := range sortedKeys(ks) {
 		g := ks[key]
@@ -251,7 +291,7 @@ func (d Desired) Tables() []Table {
 			}
 			src := b.prefixSet(base+fam.suffix, fam.v6, fam.pfx)
 			fwd = append(fwd, rule(KillSwitchComment, saddrInSet(fam.v6, src), oifnameInSet(out, true),
-				[]expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}))
+				[]expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: KillSwitchCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}))
 		}
 	}
 	if len(d.Forward) > 0 {

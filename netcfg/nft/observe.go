@@ -18,10 +18,9 @@ import (
 // reports it, and the kill switch's counters.
 type Observed struct {
 	Tables []Table
-	// KillSwitchDrops sums the counters of the kill-switch drop rules:
-	// the forwarded packets the kill switch stopped from leaving by an
-	// interface they were not allowed out of. Apply carries the counts over
-	// when it replaces the table.
+	// KillSwitchDrops is the kill switch's counter object
+	// (KillSwitchCounter): the forwarded packets the kill switch stopped
+	// from leaving by an interface they were not allowed out of.
 	KillSwitchDrops Counter
 }
 
@@ -110,6 +109,9 @@ func (c *conn) observe() (Observed, error) {
 			oc.Table = nil
 			ot.Chains = append(ot.Chains, oc)
 		}
+		if ot.Objects, err = c.dumpObjects(t); err != nil {
+			return o, fmt.Errorf("%s: %w", obj, err)
+		}
 		sets, err := c.nft.GetSets(t)
 		if err != nil {
 			return o, fmt.Errorf("%s: list sets: %w", obj, err)
@@ -124,21 +126,91 @@ func (c *conn) observe() (Observed, error) {
 			ot.Sets = append(ot.Sets, os)
 		}
 		o.Tables = append(o.Tables, ot)
-		for _, ch := range ot.Chains {
-			for _, r := range ch.Rules {
-				if cm, ok := commentOf(r.UserData); !ok || cm != KillSwitchComment {
-					continue
-				}
-				for _, e := range r.Exprs {
-					if ctr, ok := e.(*expr.Counter); ok {
-						o.KillSwitchDrops.Packets += ctr.Packets
-						o.KillSwitchDrops.Bytes += ctr.Bytes
-					}
-				}
-			}
-		}
+		o.KillSwitchDrops = o.KillSwitchDrops.add(ot.killSwitchDrops())
 	}
 	return o, nil
+}
+
+func (c Counter) add(d Counter) Counter {
+	return Counter{Packets: c.Packets + d.Packets, Bytes: c.Bytes + d.Bytes}
+}
+
+// killSwitchDrops is what t's kill switch counted: its counter object.
+func (t Table) killSwitchDrops() Counter {
+	var n Counter
+	for _, ob := range t.Objects {
+		if ob.Type == nftables.ObjTypeCounter && ob.Name == KillSwitchCounter {
+			n = n.add(ob.Counter)
+		}
+	}
+	return n
+}
+
+// dumpObjects dumps the named objects of table t. It is NFT_MSG_GETOBJ,
+// which reads counters; NFT_MSG_GETOBJ_RESET would zero them as it read.
+// The kernel filters the dump by family and table; the table is checked
+// here as well.
+func (c *conn) dumpObjects(t *nftables.Table) ([]Object, error) {
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_OBJ_TABLE, Data: []byte(t.Name + "\x00")},
+	})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := c.raw.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETOBJ),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		Data: append([]byte{byte(t.Family), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump objects: %w", err)
+	}
+	var objs []Object
+	for _, m := range msgs {
+		if len(m.Data) < 4 || m.Data[0] != byte(t.Family) {
+			continue
+		}
+		var ob Object
+		var table string
+		var data []byte
+		err := walkAttrs(m.Data[4:], func(typ uint16, b []byte) error {
+			switch typ {
+			case unix.NFTA_OBJ_TABLE:
+				table = strings.TrimRight(string(b), "\x00")
+			case unix.NFTA_OBJ_NAME:
+				ob.Name = strings.TrimRight(string(b), "\x00")
+			case unix.NFTA_OBJ_TYPE:
+				if len(b) == 4 {
+					ob.Type = nftables.ObjType(binary.BigEndian.Uint32(b))
+				}
+			case unix.NFTA_OBJ_DATA:
+				data = b
+			}
+			return nil
+		})
+		if err == nil && ob.Type == nftables.ObjTypeCounter {
+			err = walkAttrs(data, func(typ uint16, b []byte) error {
+				if len(b) == 8 {
+					switch typ {
+					case unix.NFTA_COUNTER_PACKETS:
+						ob.Counter.Packets = binary.BigEndian.Uint64(b)
+					case unix.NFTA_COUNTER_BYTES:
+						ob.Counter.Bytes = binary.BigEndian.Uint64(b)
+					}
+				}
+				return nil
+			})
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dump objects: %w", err)
+		}
+		if table == t.Name {
+			objs = append(objs, ob)
+		}
+	}
+	return objs, nil
 }
 
 // tableFlags corrects the table flags the library reports: it reads the
@@ -334,6 +406,17 @@ func decodeExpr(fam byte, name string, data []byte) (any, error) {
 		e = &expr.Lookup{}
 	case "counter":
 		e = &expr.Counter{}
+	case "objref":
+		// The library decodes a reference to one named object; a lookup of
+		// the object in a map (no type, no name) is kept as Unknown.
+		ref := &expr.Objref{}
+		if err := expr.Unmarshal(fam, data, ref); err != nil {
+			return nil, err
+		}
+		if ref.Name == "" {
+			return Unknown{Name: name, Data: data}, nil
+		}
+		return ref, nil
 	case "bitwise":
 		e = &expr.Bitwise{}
 	case "ct":

@@ -26,8 +26,9 @@ type Op struct {
 	Kind   OpKind
 	Family nftables.TableFamily
 	Table  string
-	// Line is the rendered object: "table", "chain forward { ... }",
-	// "set ks0_v4 { ... }", "set ks0_v4: element 10.10.50.0/24",
+	// Line is the rendered object: "table", "counter ks_drops",
+	// "chain forward { ... }", "set ks0_v4 { ... }",
+	// "set ks0_v4: element 10.10.50.0/24",
 	// "chain forward: ip saddr @ks0_v4 ... drop".
 	Line   string
 	Reason string // for OpConflict
@@ -104,7 +105,8 @@ func MakePlan(d Desired, o Observed) Plan {
 }
 
 // diffTable lists the lines of want and have that differ: the table line,
-// then sets (declaration, elements), then chains (declaration, rules).
+// then objects, then sets (declaration, elements), then chains
+// (declaration, rules).
 // exists says whether have was observed at all.
 func diffTable(want, have Table, exists bool) []Op {
 	var ops []Op
@@ -116,6 +118,13 @@ func diffTable(want, have Table, exists bool) []Op {
 	} else if want.header() != have.header() {
 		add(OpDel, have.header())
 		add(OpAdd, want.header())
+	}
+
+	for _, o := range objectDiff(want.Objects, have.Objects) {
+		add(OpDel, o.header())
+	}
+	for _, o := range objectDiff(have.Objects, want.Objects) {
+		add(OpAdd, o.header())
 	}
 
 	haveSets := map[string]Set{}
@@ -176,6 +185,23 @@ func diffTable(want, have Table, exists bool) []Op {
 		}
 	}
 	return ops
+}
+
+// objectDiff returns the objects of b that a lacks, by type and name.
+func objectDiff(a, b []Object) []Object {
+	var out []Object
+	for _, o := range b {
+		if !slices.ContainsFunc(a, o.sameObject) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// sameObject reports whether o and p are the same object: the same type
+// and name, whatever they hold.
+func (o Object) sameObject(p Object) bool {
+	return o.Type == p.Type && o.Name == p.Name
 }
 
 // sameElements reports whether a and b hold the same elements as the

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 )
 
 func gateway() Desired {
@@ -50,6 +51,7 @@ func setOf(t *Table, name string) *Set {
 }
 
 const gatewayColdPlan = `+ nft inet nodeagent table
++ nft inet nodeagent counter ks_drops
 + nft inet nodeagent set ks_wg-pia_out { type ifname; }
 + nft inet nodeagent set ks_wg-pia_out: element "wg-pia"
 + nft inet nodeagent set ks_wg-pia_v4 { type ipv4_addr; flags interval; }
@@ -63,8 +65,8 @@ const gatewayColdPlan = `+ nft inet nodeagent table
 + nft inet nodeagent set masq_wg-pia_v4 { type ipv4_addr; flags interval; }
 + nft inet nodeagent set masq_wg-pia_v4: element 10.10.50.0/24
 + nft inet nodeagent chain forward { type filter hook forward priority -10; policy accept; }
-+ nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"
-+ nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"
++ nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"
++ nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"
 + nft inet nodeagent chain mssclamp { type filter hook forward priority -150; policy accept; }
 + nft inet nodeagent chain mssclamp: oifname @mss_if tcp flags syn tcp option maxseg size set rt mtu
 + nft inet nodeagent chain mssclamp: iifname @mss_if tcp flags syn tcp option maxseg size set rt mtu
@@ -91,7 +93,29 @@ func TestMakePlan(t *testing.T) {
 		{"kill-switch rule deleted by hand", d, observed(d, func(t *Table) {
 			c := chainOf(t, "forward")
 			c.Rules = c.Rules[1:]
-		}), `+ nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"` + "\n"},
+		}), `+ nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
+		{"kill-switch counter deleted by hand", d, observed(d, func(t *Table) {
+			c := chainOf(t, "forward")
+			c.Rules, t.Objects = nil, nil
+		}), "+ nft inet nodeagent counter ks_drops\n" +
+			`+ nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+			`+ nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
+		{"counters are no difference", d, observed(d, func(t *Table) { t.Objects[0].Counter = Counter{Packets: 7, Bytes: 700} }), ""},
+		{"object added by hand", d, observed(d, func(t *Table) {
+			t.Objects = append(t.Objects, Object{Type: nftables.ObjTypeQuota, Name: "q"}, Object{Type: nftables.ObjTypeCounter, Name: "x"})
+		}), "- nft inet nodeagent quota q\n- nft inet nodeagent counter x\n"},
+		{"kill-switch rules counting on their own are replaced", d, observed(d, func(t *Table) {
+			t.Objects = nil
+			for i, r := range chainOf(t, "forward").Rules {
+				r.Exprs = slices.Clone(r.Exprs)
+				r.Exprs[len(r.Exprs)-2] = &expr.Counter{Packets: 5}
+				chainOf(t, "forward").Rules[i] = r
+			}
+		}), "+ nft inet nodeagent counter ks_drops\n" +
+			`- nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"` + "\n" +
+			`- nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"` + "\n" +
+			`+ nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+			`+ nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
 		{"set flushed by hand", d, observed(d, func(t *Table) { setOf(t, "ks_wg-pia_v6").Elements = nil }),
 			"+ nft inet nodeagent set ks_wg-pia_v6: element fd00:50::/64\n"},
 		{"element added by hand", d, observed(d, func(t *Table) {
@@ -111,8 +135,8 @@ func TestMakePlan(t *testing.T) {
 		{"rules reordered", d, observed(d, func(t *Table) {
 			c := chainOf(t, "forward")
 			c.Rules = []Rule{c.Rules[1], c.Rules[0]}
-		}), `- nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"` + "\n" +
-			`+ nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter drop comment "nodeagent kill switch"` + "\n"},
+		}), `- nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+			`+ nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
 		{"table made dormant", d, observed(d, func(t *Table) { t.Flags = 1 }),
 			"- nft inet nodeagent table flags dormant\n+ nft inet nodeagent table\n"},
 		{"foreign rule in our chain", d, observed(d, func(t *Table) {
@@ -141,6 +165,18 @@ func TestMakePlan(t *testing.T) {
 		}(), "- nft ip nodeagent-old table\n"},
 		{"table owned by another process", d, observed(d, func(t *Table) { t.Flags = nftTableFOwner }),
 			"! nft inet nodeagent table flags owner: owned by another process's netlink socket (NFT_TABLE_F_OWNER); left untouched\n"},
+		{"kill switch dropped from the config", func() Desired {
+			d := gateway()
+			d.KillSwitch = nil
+			return d
+		}(), observed(d, nil),
+			"- nft inet nodeagent counter ks_drops\n" +
+				"- nft inet nodeagent set ks_wg-pia_out { type ifname; }\n" +
+				"- nft inet nodeagent set ks_wg-pia_v4 { type ipv4_addr; flags interval; }\n" +
+				"- nft inet nodeagent set ks_wg-pia_v6 { type ipv6_addr; flags interval; }\n" +
+				"- nft inet nodeagent chain forward { type filter hook forward priority -10; policy accept; }\n" +
+				`- nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+				`- nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
 		{"teardown", Desired{}, observed(d, nil), "- nft inet nodeagent table\n"},
 		{"nothing wanted, nothing there", Desired{}, Observed{}, ""},
 	}

@@ -93,6 +93,25 @@ func (c Chain) header() string {
 	return fmt.Sprintf("chain %s { type %s hook %s priority %d; policy %s; }", c.Name, c.Type, hook, prio, policy)
 }
 
+// objTypeNames are the nft keywords of object types.
+var objTypeNames = map[nftables.ObjType]string{
+	nftables.ObjTypeCounter: "counter", nftables.ObjTypeQuota: "quota", nftables.ObjTypeCtHelper: "ct helper",
+	nftables.ObjTypeLimit: "limit", nftables.ObjTypeConnLimit: "connlimit", nftables.ObjTypeTunnel: "tunnel",
+	nftables.ObjTypeCtTimeout: "ct timeout", nftables.ObjTypeSecMark: "secmark", nftables.ObjTypeCtExpect: "ct expectation",
+	nftables.ObjTypeSynProxy: "synproxy",
+}
+
+// header renders an object's declaration: its type and name. What it holds
+// (a counter's counts) is not rendered: it changes with the traffic, and
+// nodeagent never writes it.
+func (o Object) header() string {
+	typ, ok := objTypeNames[o.Type]
+	if !ok {
+		typ = fmt.Sprintf("object type %d", o.Type)
+	}
+	return typ + " " + o.Name
+}
+
 // header renders a set's declaration.
 func (s Set) header() string {
 	typ := s.KeyType.Name
@@ -462,6 +481,10 @@ func single(e any) string {
 	switch x := e.(type) {
 	case *expr.Counter:
 		return "counter"
+	case *expr.Objref:
+		if typ, ok := objTypeNames[nftables.ObjType(x.Type)]; ok && x.Name != "" {
+			return typ + " name " + strconv.Quote(x.Name)
+		}
 	case *expr.Verdict:
 		switch x.Kind {
 		case expr.VerdictAccept:

@@ -47,7 +47,7 @@ var DefaultModules = []string{
 	"nf_tables", "nft_nat", "nft_masq", "nft_ct", "nft_chain_nat", "nf_nat",
 	"nf_conntrack", "nft_counter", "nft_fib_inet", "nft_fib_ipv4",
 	"nft_fib_ipv6", "nft_reject_inet", "nft_limit", "nf_reject_ipv4",
-	"nf_reject_ipv6", "nft_redir", "af_packet", "ipv6",
+	"nf_reject_ipv6", "nft_redir", "nft_objref", "af_packet", "ipv6",
 }
 
 // DefaultTools lists the host programs copied into the initramfs, with their
