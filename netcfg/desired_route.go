@@ -1,6 +1,7 @@
 package netcfg
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -55,7 +56,7 @@ func routeFromConfig(c config.Routing, tablesFile string) (route.Desired, error)
 		}
 		d.Rules = append(d.Rules, rules...)
 	}
-	return d, joinErrs(errs)
+	return d, errors.Join(errs...)
 }
 
 func convertRoute(table int, r config.Route) (route.Route, error) {

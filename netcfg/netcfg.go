@@ -228,8 +228,6 @@ func Split(err error) (pending, failed []error) {
 	return pending, failed
 }
 
-func joinErrs(errs []error) error { return errors.Join(errs...) }
-
 func (c *Converger) log() *slog.Logger {
 	if c.Log == nil {
 		return slog.New(slog.DiscardHandler)
