@@ -372,11 +372,11 @@ func TestKeyFilePermissions(t *testing.T) {
 		},
 		{
 			name: "group readable preshared key and credentials",
-			src: "wireguard:\n  - name: wg0\n    peers:\n      - publicKey: " + testKey + "\n        presharedKeyFile: " + groupOnly + "\n" +
-				"  - name: wg-pia\n    pia:\n      region: nl\n      credentialsFile: " + open + "\n",
+			src: "wireguard:\n  - name: wg0\n    privateKeyFile: " + missing + "\n    peers:\n      - publicKey: " + testKey + "\n        presharedKeyFile: " + groupOnly + "\n" +
+				"  - name: wg-pia\n    privateKeyFile: " + missing + "\n    pia:\n      region: nl\n      credentialsFile: " + open + "\n",
 			want: []string{
-				"nodeagent.yaml:5: wireguard[0].peers[0].presharedKeyFile: " + groupOnly + " is readable by group or others (mode 0640); chmod 600 it",
-				"nodeagent.yaml:9: wireguard[1].pia.credentialsFile: " + open + " is readable by group or others (mode 0644); chmod 600 it",
+				"nodeagent.yaml:6: wireguard[0].peers[0].presharedKeyFile: " + groupOnly + " is readable by group or others (mode 0640); chmod 600 it",
+				"nodeagent.yaml:11: wireguard[1].pia.credentialsFile: " + open + " is readable by group or others (mode 0644); chmod 600 it",
 			},
 		},
 		{
@@ -437,8 +437,8 @@ func TestDefaults(t *testing.T) {
   - {name: shim, parent: eth0}
   - {name: shim2, parent: eth1, mode: vepa}
 wireguard:
-  - name: wg0
-  - {name: wg1, implementation: userspace}
+  - {name: wg0, privateKeyFile: /k0}
+  - {name: wg1, privateKeyFile: /k1, implementation: userspace}
 routing:
   tables:
     - id: 150
@@ -457,8 +457,8 @@ routing:
 					{Name: "shim2", Parent: "eth1", Mode: "vepa"},
 				},
 				WireGuard: []WireGuard{
-					{Name: "wg0", Implementation: "auto"},
-					{Name: "wg1", Implementation: "userspace"},
+					{Name: "wg0", PrivateKeyFile: "/k0", Implementation: "auto"},
+					{Name: "wg1", PrivateKeyFile: "/k1", Implementation: "userspace"},
 				},
 				Routing: Routing{
 					Tables: []Table{{ID: 150, Routes: []Route{

@@ -74,15 +74,23 @@ type WireGuard struct {
 	MTU            int      `yaml:"mtu"`
 	Addresses      []string `yaml:"addresses"`
 	// Implementation is auto (default), kernel or userspace.
-	Implementation string   `yaml:"implementation"`
-	PeersDir       string   `yaml:"peersDir"`
-	Peers          []WGPeer `yaml:"peers"`
-	PIA            *PIA     `yaml:"pia"`
+	Implementation string `yaml:"implementation"`
+	PeersDir       string `yaml:"peersDir"`
+	// Adopt takes over an existing WireGuard device of this name that
+	// nodeagent did not create (wg-quick's, say): it is marked, and its
+	// peers converge to the config's and the register's from then on.
+	Adopt bool     `yaml:"adopt"`
+	Peers []WGPeer `yaml:"peers"`
+	PIA   *PIA     `yaml:"pia"`
 }
 
-// WGPeer is one WireGuard peer.
+// WGPeer is one WireGuard peer, listed in WireGuard.Peers or read from a
+// file in WireGuard.PeersDir (see LoadRegister).
 type WGPeer struct {
-	Name                string   `yaml:"name"`
+	Name string `yaml:"name"`
+	// Description is free text for the operator, such as whose device
+	// this is; nodeagent does not use it.
+	Description         string   `yaml:"description"`
 	PublicKey           string   `yaml:"publicKey"`
 	PresharedKeyFile    string   `yaml:"presharedKeyFile"`
 	Endpoint            string   `yaml:"endpoint"`

@@ -30,6 +30,17 @@ type validator struct {
 	bad  map[string]bool
 	opts Options
 	errs ErrorList
+	// rename, when set, turns a field path into the name errors print: a
+	// wg-quick register file names its fields as wg(8) does (PublicKey).
+	rename func(path string) string
+}
+
+// fieldName is path as errors print it.
+func (v *validator) fieldName(path string) string {
+	if v.rename == nil {
+		return path
+	}
+	return v.rename(path)
 }
 
 // line returns the line of path, or of its nearest ancestor that was
@@ -55,9 +66,9 @@ func (v *validator) written(path string) bool {
 // where names path for "first declared at" messages, with its line if known.
 func (v *validator) where(path string) string {
 	if l := v.line(path); l > 0 {
-		return fmt.Sprintf("%s (line %d)", path, l)
+		return fmt.Sprintf("%s (line %d)", v.fieldName(path), l)
 	}
-	return path
+	return v.fieldName(path)
 }
 
 func (v *validator) errorf(path, format string, args ...any) {
@@ -67,7 +78,7 @@ func (v *validator) errorf(path, format string, args ...any) {
 			return
 		}
 	}
-	v.errs = append(v.errs, &FieldError{File: v.file, Line: v.line(path), Field: path, Msg: fmt.Sprintf(format, args...)})
+	v.errs = append(v.errs, &FieldError{File: v.file, Line: v.line(path), Field: v.fieldName(path), Msg: fmt.Sprintf(format, args...)})
 }
 
 // check records msg at path unless it is empty; it pairs with the check*
@@ -107,7 +118,17 @@ func (v *validator) absPath(path, file string) {
 // it exists, readable by its owner only. A missing file is fine here; the
 // subsystem that reads it reports that, and nodeagent may create it.
 func (v *validator) secretFile(path, file string) {
-	if file == "" || !v.check(path, checkAbsPath(file)) || v.opts.SkipFileChecks {
+	if file == "" {
+		return
+	}
+	if checkWGKey(file) == "" {
+		// The key itself pasted where its file belongs (base64 may even
+		// start with '/'): say so without printing it, as checkAbsPath's
+		// message would.
+		v.errorf(path, "this is a key itself, not the path of a file holding one; put the key in a file readable by root only and name that file here")
+		return
+	}
+	if !v.check(path, checkAbsPath(file)) || v.opts.SkipFileChecks {
 		return
 	}
 	fi, err := os.Stat(file)
@@ -352,6 +373,9 @@ func (v *validator) wireguard(wgs []WireGuard, seenAddrs addrSeen) {
 	for i, w := range wgs {
 		p := indexPath("wireguard", i)
 		v.check(fieldPath(p, "name"), checkIfName(w.Name))
+		if w.PrivateKeyFile == "" && w.Name != "" {
+			v.errorf(fieldPath(p, "privateKeyFile"), "required (a file holding the interface's private key, as wg genkey writes it, chmod 600)")
+		}
 		v.secretFile(fieldPath(p, "privateKeyFile"), w.PrivateKeyFile)
 		v.intRange(fieldPath(p, "listenPort"), w.ListenPort, 0, 65535)
 		v.intRange(fieldPath(p, "fwMark"), w.FwMark, 0, math.MaxUint32)
@@ -382,38 +406,61 @@ func (v *validator) wireguard(wgs []WireGuard, seenAddrs addrSeen) {
 }
 
 func (v *validator) peers(wgPath string, peers []WGPeer) {
-	keys := map[string]string{}
-	allowed := map[netip.Prefix]string{}
+	seen := newPeerSeen()
 	for i, peer := range peers {
-		p := indexPath(fieldPath(wgPath, "peers"), i)
-		kp := fieldPath(p, "publicKey")
-		if v.check(kp, checkWGKey(peer.PublicKey)) {
-			if first, dup := keys[peer.PublicKey]; dup {
-				v.errorf(kp, "duplicate peer public key; first at %s", v.where(first))
-			} else {
-				keys[peer.PublicKey] = kp
-			}
+		v.peer(indexPath(fieldPath(wgPath, "peers"), i), peer, seen)
+	}
+}
+
+// peerSeen remembers where each public key and allowed prefix was first
+// declared among peers checked together: the static peers of one
+// interface, or the one peer of a register file.
+type peerSeen struct {
+	keys    map[string]string
+	allowed map[netip.Prefix]string
+}
+
+func newPeerSeen() peerSeen {
+	return peerSeen{keys: map[string]string{}, allowed: map[netip.Prefix]string{}}
+}
+
+// peer checks one peer whose fields are under path p: wireguard[0].peers[1]
+// in the config, "" in a register file (whose top level is the peer). The
+// config and the register share it so a peer is held to the same rules
+// wherever it is written.
+func (v *validator) peer(p string, peer WGPeer, seen peerSeen) {
+	kp := fieldPath(p, "publicKey")
+	if v.check(kp, checkWGKey(peer.PublicKey)) {
+		if first, dup := seen.keys[peer.PublicKey]; dup {
+			v.errorf(kp, "duplicate peer public key; first at %s", v.where(first))
+		} else {
+			seen.keys[peer.PublicKey] = kp
 		}
-		v.secretFile(fieldPath(p, "presharedKeyFile"), peer.PresharedKeyFile)
-		if peer.Endpoint != "" {
-			v.check(fieldPath(p, "endpoint"), checkEndpoint(peer.Endpoint))
+	}
+	v.secretFile(fieldPath(p, "presharedKeyFile"), peer.PresharedKeyFile)
+	if peer.Endpoint != "" {
+		v.check(fieldPath(p, "endpoint"), checkEndpoint(peer.Endpoint))
+	}
+	aps := fieldPath(p, "allowedIPs")
+	for j, s := range peer.AllowedIPs {
+		ap := indexPath(aps, j)
+		pfx, msg := parseNetPrefix(s)
+		if !v.check(ap, msg) {
+			continue
 		}
-		for j, s := range peer.AllowedIPs {
-			ap := indexPath(fieldPath(p, "allowedIPs"), j)
-			pfx, msg := parseNetPrefix(s)
-			if !v.check(ap, msg) {
-				continue
-			}
+		first, dup := seen.allowed[pfx]
+		switch {
+		case !dup:
+			seen.allowed[pfx] = ap
+		case parentPath(first) == aps:
+			v.errorf(ap, "duplicate allowed IP %s; first at %s", pfx, v.where(first))
+		default:
 			// WireGuard routes each allowed IP to one peer; a second peer
 			// claiming it silently takes it from the first.
-			if first, dup := allowed[pfx]; dup {
-				v.errorf(ap, "%s is already allowed for the peer at %s; WireGuard routes a prefix to one peer only", pfx, v.where(first))
-			} else {
-				allowed[pfx] = ap
-			}
+			v.errorf(ap, "%s is already allowed for the peer at %s; WireGuard routes a prefix to one peer only", pfx, v.where(first))
 		}
-		v.intRange(fieldPath(p, "persistentKeepalive"), peer.PersistentKeepalive, 0, 65535)
 	}
+	v.intRange(fieldPath(p, "persistentKeepalive"), peer.PersistentKeepalive, 0, 65535)
 }
 
 // Reserved routing tables (rt_tables): they exist in every kernel, so rules

@@ -1,0 +1,613 @@
+package config
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"gopkg.in/yaml.v3"
+)
+
+// This file reads the WireGuard peer register: a wireguard[].peersDir
+// holding one file per peer, which the daemon reads again on every sync so
+// that adding, changing or removing a file changes that one peer.
+//
+// A file is YAML (*.yaml, *.yml), whose top level is a WGPeer:
+//
+//	description: alice's laptop
+//	publicKey: xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=
+//	presharedKeyFile: /etc/nodeagent/keys/alice.psk
+//	allowedIPs: [10.90.0.2/32]
+//
+// or a wg-quick [Peer] stanza (*.conf), as wg(8) reads it:
+//
+//	[Peer]
+//	PublicKey = xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=
+//	PresharedKey = ...
+//	AllowedIPs = 10.90.0.3/32, fd00:90::3/128
+//
+// Either way the peer is named after the file (alice.yaml is alice) unless
+// a YAML file sets name.
+
+// maxPeerFileSize bounds a register file. A peer takes a few hundred bytes;
+// anything near this is not a peer file, and the daemon reads the register
+// on every sync.
+const maxPeerFileSize = 64 << 10
+
+// RegisterPeer is one peer read from a peersDir file.
+type RegisterPeer struct {
+	// File is the file the peer came from, as joined from the directory
+	// given to LoadRegister.
+	File string
+	// Line is the line the peer starts on: the [Peer] line of a wg-quick
+	// file, the top-level mapping of a YAML file (1 unless comments come
+	// first).
+	Line int
+	Peer WGPeer
+	// PresharedKey is an inline preshared key from a wg-quick stanza; YAML
+	// files name a Peer.PresharedKeyFile instead. It is a Secret so that it
+	// never prints.
+	PresharedKey Secret
+	// KeyLine and AllowedIPLines are the lines of Peer.PublicKey and of
+	// each of Peer.AllowedIPs, so that a duplicate found between files
+	// (by LoadRegister or MergePeers) is reported where it is written.
+	// Where they are missing, as in a RegisterPeer built in code, Line is
+	// used.
+	KeyLine        int
+	AllowedIPLines []int
+}
+
+// Secret is key material. Its String, GoString, Format (every verb),
+// MarshalJSON, MarshalText and LogValue give "(redacted)", never the
+// value, so a key cannot reach a log, an error or a status dump by
+// accident; Value returns it for the code that hands it to WireGuard. An
+// empty Secret prints as empty, since there is nothing to hide and
+// "(redacted)" would claim a key that is not there.
+type Secret string
+
+const redacted = "(redacted)"
+
+// Value returns the secret itself.
+func (s Secret) Value() string { return string(s) }
+
+// String returns "(redacted)", or "" for an empty Secret.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// GoString returns String quoted, for %#v.
+func (s Secret) GoString() string { return strconv.Quote(s.String()) }
+
+// Format prints String for every verb: without it, %x or %q of a Secret
+// would print the value.
+func (s Secret) Format(f fmt.State, verb rune) {
+	if verb == 'q' || (verb == 'v' && f.Flag('#')) {
+		io.WriteString(f, s.GoString())
+		return
+	}
+	io.WriteString(f, s.String())
+}
+
+// MarshalJSON encodes String as a JSON string.
+func (s Secret) MarshalJSON() ([]byte, error) { return []byte(strconv.Quote(s.String())), nil }
+
+// MarshalText returns String, so encoders that use it (YAML) print no
+// value either. encoding/json writes a string-kinded map key as it is,
+// without asking it, so never key a map by Secret.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// LogValue makes slog print String.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// Register is what LoadRegister read: the good peers in file-name order,
+// and one error per file that was skipped.
+//
+// Each error is an ErrorList of *FieldError whose File is the skipped
+// file, or, when the directory itself could not be read, the directory:
+// then Peers is empty and says nothing about what the register holds, so
+// a caller should keep the peers it has rather than remove them.
+type Register struct {
+	Peers  []RegisterPeer
+	Errors []error
+	// Unreadable reports that the directory itself could not be read:
+	// Peers then says nothing about what the register holds, and a caller
+	// keeps the peers it has instead of removing them.
+	Unreadable bool
+}
+
+// LoadRegister reads every *.yaml, *.yml and *.conf file in dir, sorted
+// by name. Other files are ignored, and so are subdirectories, dotfiles
+// (.alice.yaml.swp, .#alice.yaml) and editor backups (alice.yaml~), so that
+// an editor at work leaves no half-written peer behind.
+//
+// A file that does not parse or validate is skipped and reported as
+// file:line: field: reason, like the main config's errors. A YAML file is
+// checked as a peer in the main config is (field paths are the bare field
+// names, like allowedIPs[1]); a wg-quick file's errors name wg's keys, like
+// AllowedIPs. A file holding an inline PresharedKey, like a key file, must
+// not be readable by group or others unless opts.SkipFileChecks; a file
+// over 64 KiB is refused.
+//
+// Between files, a public key and an allowed prefix belong to one peer
+// only (WireGuard would silently move the prefix to the last peer that
+// claims it): the later file by name is skipped, with an error naming the
+// first.
+//
+// A missing dir is an empty register, not an error; an unreadable one is
+// an error.
+func LoadRegister(dir string, opts Options) Register {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return Register{}
+		}
+		return Register{Unreadable: true, Errors: []error{ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
+	}
+	var reg Register
+	taken := newClaims()
+	for _, e := range entries {
+		format := registerFormat(e.Name())
+		if format == "" || e.IsDir() {
+			continue
+		}
+		file := filepath.Join(dir, e.Name())
+		p, errs, ignore := loadPeerFile(file, format, opts)
+		if ignore {
+			continue
+		}
+		if len(errs) == 0 {
+			errs = taken.claim(p)
+		}
+		if len(errs) > 0 {
+			reg.Errors = append(reg.Errors, errs.sorted())
+			continue
+		}
+		reg.Peers = append(reg.Peers, p)
+	}
+	return reg
+}
+
+// MergePeers joins an interface's static peers (WireGuard.Peers, already
+// validated with the config) with its register, by the rules LoadRegister
+// applies between files: a public key, and an allowed prefix, belong to one
+// peer only. Static peers win, because the config is the operator's
+// deliberate word and a register file may be dropped in by anyone with
+// write access to peersDir.
+//
+// It returns the static peers first, in order, as RegisterPeers with no
+// File, then the register peers that clash with none of them, in order;
+// and one error (an ErrorList) per register peer it left out, naming that
+// peer's file and line and the static peer it clashes with. staticWhere
+// names static peer i in those errors, like
+// "nodeagent.yaml wireguard[1].peers[0]"; nil names it peers[i].
+// reg.Errors are not repeated.
+func MergePeers(static []WGPeer, staticWhere func(i int) string, reg Register) ([]RegisterPeer, []error) {
+	if staticWhere == nil {
+		staticWhere = func(i int) string { return indexPath("peers", i) }
+	}
+	taken := newClaims()
+	out := make([]RegisterPeer, 0, len(static)+len(reg.Peers))
+	for i, p := range static {
+		taken.add(p, func(int) string { return staticWhere(i) })
+		out = append(out, RegisterPeer{Peer: p})
+	}
+	var errs []error
+	for _, p := range reg.Peers {
+		if e := taken.claim(p); len(e) > 0 {
+			errs = append(errs, e.sorted())
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, errs
+}
+
+// claims remembers who holds each public key and allowed prefix, as
+// "file:line" or the static peer's name.
+type claims struct {
+	keys    map[string]string
+	allowed map[netip.Prefix]string
+}
+
+func newClaims() claims {
+	return claims{keys: map[string]string{}, allowed: map[netip.Prefix]string{}}
+}
+
+// add records p's key and prefixes where they are free; where(i) names
+// p's allowed IP i, and where(-1) its key. Prefixes that do not parse are
+// left out: validation has reported them.
+func (c claims) add(p WGPeer, where func(i int) string) {
+	if _, ok := c.keys[p.PublicKey]; !ok && p.PublicKey != "" {
+		c.keys[p.PublicKey] = where(-1)
+	}
+	for i, s := range p.AllowedIPs {
+		if pfx, err := netip.ParsePrefix(s); err == nil {
+			if _, ok := c.allowed[pfx.Masked()]; !ok {
+				c.allowed[pfx.Masked()] = where(i)
+			}
+		}
+	}
+}
+
+// claim records p's key and prefixes, or, if any is taken, reports every
+// clash and records nothing: a peer that is left out must not keep a later
+// one out too.
+func (c claims) claim(p RegisterPeer) ErrorList {
+	var errs ErrorList
+	if first, dup := c.keys[p.Peer.PublicKey]; dup {
+		errs = append(errs, &FieldError{File: p.File, Line: p.line(-1), Field: p.field(-1),
+			Msg: "duplicate peer public key; first in " + first})
+	}
+	for i, s := range p.Peer.AllowedIPs {
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			continue
+		}
+		if first, dup := c.allowed[pfx.Masked()]; dup {
+			errs = append(errs, &FieldError{File: p.File, Line: p.line(i), Field: p.field(i),
+				Msg: fmt.Sprintf("%s is already allowed for the peer in %s; WireGuard routes a prefix to one peer only", pfx.Masked(), first)})
+		}
+	}
+	if len(errs) == 0 {
+		c.add(p.Peer, func(i int) string {
+			if l := p.line(i); l > 0 {
+				return p.File + ":" + strconv.Itoa(l)
+			}
+			return p.File
+		})
+	}
+	return errs
+}
+
+// line returns the line of p's allowed IP i, or of its key for i < 0.
+func (p RegisterPeer) line(i int) int {
+	switch {
+	case i < 0 && p.KeyLine > 0:
+		return p.KeyLine
+	case i >= 0 && i < len(p.AllowedIPLines) && p.AllowedIPLines[i] > 0:
+		return p.AllowedIPLines[i]
+	}
+	return p.Line
+}
+
+// field names p's allowed IP i, or its key for i < 0, as errors about
+// p's file do.
+func (p RegisterPeer) field(i int) string {
+	path := "publicKey"
+	if i >= 0 {
+		path = indexPath("allowedIPs", i)
+	}
+	if registerFormat(filepath.Base(p.File)) == "conf" {
+		return wgQuickName(path)
+	}
+	return path
+}
+
+// registerFormat returns "yaml" or "conf" for a file name the register
+// reads, or "" for one it ignores.
+func registerFormat(name string) string {
+	if strings.HasPrefix(name, ".") || strings.HasSuffix(name, "~") {
+		return ""
+	}
+	switch filepath.Ext(name) {
+	case ".yaml", ".yml":
+		return "yaml"
+	case ".conf":
+		return "conf"
+	}
+	return ""
+}
+
+// cause returns err without the operation and path an *fs.PathError adds,
+// which the FieldError around it names already.
+func cause(err error) string {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// loadPeerFile reads and parses one register file. ignore is true for a
+// directory behind a symlink, which the register passes over like any
+// subdirectory.
+func loadPeerFile(file, format string, opts Options) (p RegisterPeer, errs ErrorList, ignore bool) {
+	fail := func(format string, args ...any) (RegisterPeer, ErrorList, bool) {
+		return RegisterPeer{}, ErrorList{{File: file, Msg: fmt.Sprintf(format, args...)}}, false
+	}
+	// O_NONBLOCK so a FIFO named like a peer file cannot hang the sync; it
+	// changes nothing for a regular file. Stat the open file, not the
+	// name, so what is checked is what is read.
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fail("cannot read: %s", cause(err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fail("cannot read: %s", cause(err))
+	}
+	switch {
+	case fi.IsDir():
+		return RegisterPeer{}, nil, true
+	case !fi.Mode().IsRegular():
+		return fail("not a regular file")
+	case fi.Size() > maxPeerFileSize:
+		return fail("too big (%d bytes); a peer file may be at most 64 KiB", fi.Size())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxPeerFileSize+1))
+	if err != nil {
+		return fail("cannot read: %s", cause(err))
+	}
+	if len(data) > maxPeerFileSize { // it grew since the Stat
+		return fail("too big (over 64 KiB); a peer file may be at most 64 KiB")
+	}
+	if format == "conf" {
+		p, errs = parseWGQuickPeer(file, data, fi.Mode(), opts)
+	} else {
+		p, errs = parseYAMLPeer(file, data, opts)
+	}
+	return p, errs, false
+}
+
+// parseYAMLPeer decodes a YAML register file with the config's decoder,
+// the file's top level standing for a WGPeer.
+func parseYAMLPeer(file string, data []byte, opts Options) (RegisterPeer, ErrorList) {
+	root, errs := readDocument(file, data)
+	if len(errs) > 0 {
+		return RegisterPeer{}, errs
+	}
+	d := &decoder{file: file, pos: positions{}, bad: map[string]bool{}, budget: decodeBudget}
+	var peer WGPeer
+	line := 0
+	if root != nil {
+		for root.Kind == yaml.AliasNode && root.Alias != nil {
+			root = root.Alias
+		}
+		line = root.Line
+		if root.Kind != yaml.MappingNode {
+			// Not the decoder's "expected a mapping, got ...": it quotes a
+			// scalar, and a file holding just a key is a likely mistake.
+			what := "a single value"
+			if root.Kind == yaml.SequenceNode {
+				what = "a list"
+			}
+			return RegisterPeer{}, ErrorList{{File: file, Line: line,
+				Msg: "expected a mapping of peer fields, like publicKey and allowedIPs; got " + what}}
+		}
+		d.pos[""] = line // where a missing field is reported
+		d.decode(root, reflect.ValueOf(&peer).Elem(), "")
+	}
+	v := &validator{file: file, pos: d.pos, bad: d.bad, opts: opts, errs: d.errs}
+	return v.registerPeer(file, line, peer, "")
+}
+
+// registerPeer validates the peer of a register file with the config's
+// own peer check and, if it passes, returns it with its lines.
+func (v *validator) registerPeer(file string, line int, peer WGPeer, psk Secret) (RegisterPeer, ErrorList) {
+	v.peer("", peer, newPeerSeen())
+	if len(v.errs) > 0 {
+		return RegisterPeer{}, v.errs.sorted()
+	}
+	if peer.Name == "" {
+		base := filepath.Base(file)
+		peer.Name = strings.TrimSuffix(base, filepath.Ext(base))
+	}
+	p := RegisterPeer{File: file, Line: line, Peer: peer, PresharedKey: psk, KeyLine: v.line("publicKey")}
+	for i := range peer.AllowedIPs {
+		p.AllowedIPLines = append(p.AllowedIPLines, v.line(indexPath("allowedIPs", i)))
+	}
+	return p, nil
+}
+
+// wgQuickKeys are the keys of a [Peer] stanza by their lowercase spelling,
+// since wg(8) matches keys case-insensitively, with the path the peer
+// check knows the field by.
+var wgQuickKeys = map[string]struct{ name, path string }{
+	"publickey":           {"PublicKey", "publicKey"},
+	"presharedkey":        {"PresharedKey", ""},
+	"endpoint":            {"Endpoint", "endpoint"},
+	"allowedips":          {"AllowedIPs", "allowedIPs"},
+	"persistentkeepalive": {"PersistentKeepalive", "persistentKeepalive"},
+}
+
+var wgQuickKeyNames = []string{"PublicKey", "PresharedKey", "Endpoint", "AllowedIPs", "PersistentKeepalive"}
+
+// wgQuickName turns a peer field path into the wg-quick key it came from.
+// Every AllowedIPs entry is AllowedIPs: the key may hold a list and may
+// repeat, and the message names the prefix.
+func wgQuickName(path string) string {
+	if strings.HasPrefix(path, "allowedIPs[") {
+		return "AllowedIPs"
+	}
+	for _, k := range wgQuickKeys {
+		if k.path == path && path != "" {
+			return k.name
+		}
+	}
+	return path
+}
+
+// isKeyName reports whether s looks like a key name rather than a value,
+// so an error may print it: a base64 key pasted on a line of its own must
+// not be echoed as an "unknown key".
+func isKeyName(s string) bool {
+	if s == "" || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'A' || r > 'Z') && (r < 'a' || r > 'z') {
+			return false
+		}
+	}
+	return true
+}
+
+const (
+	interfaceMsg = "an [Interface] section holds a machine's own private key, which must not sit in the register " +
+		"(this looks like a client's wg-quick profile); remove this file, keep the private key on the client, " +
+		"and write a [Peer] stanza with the client's public key instead"
+	privateKeyMsg = "a private key does not belong in the register; PublicKey takes the peer's public key " +
+		"(wg pubkey derives it), and the private key stays on the peer"
+	unrecognizedMsg = "not Key = Value, a [Peer] header or a # comment (the line is not shown, in case it holds a key)"
+)
+
+// parseWGQuickPeer parses a wg-quick register file: one [Peer] stanza, read
+// the way wg(8) reads it (case-insensitive keys, '#' comments anywhere,
+// AllowedIPs a comma-separated list that may repeat, PersistentKeepalive a
+// number or off). mode is the file's, for the inline PresharedKey.
+//
+// Nothing here prints a value that may be secret: not PresharedKey, not a
+// line that does not parse, and an [Interface] section or PrivateKey ends
+// or skips the read without looking at the key.
+func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) (RegisterPeer, ErrorList) {
+	var (
+		errs     ErrorList
+		peer     WGPeer
+		psk      Secret
+		pskLine  int
+		peerLine int
+		section  string // "", "peer", or "?" for an unknown one
+		first    = map[string]int{}
+		pos      = positions{}
+		bad      = map[string]bool{}
+	)
+	errorf := func(line int, field, format string, args ...any) {
+		errs = append(errs, &FieldError{File: file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	data = bytes.TrimPrefix(data, []byte("\uFEFF")) // a byte order mark from a Windows editor
+	for i, raw := range strings.Split(string(data), "\n") {
+		ln := i + 1
+		s, _, _ := strings.Cut(raw, "#")
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(s, "["); ok {
+			name, closed := strings.CutSuffix(rest, "]")
+			name = strings.TrimSpace(name)
+			switch {
+			case !closed:
+				errorf(ln, "", "%s", unrecognizedMsg)
+				section = "?"
+			case strings.EqualFold(name, "Interface"):
+				// Stop here: nothing after it is worth reading, and all
+				// of it is near a private key.
+				return RegisterPeer{}, ErrorList{{File: file, Line: ln, Field: "[Interface]", Msg: interfaceMsg}}
+			case strings.EqualFold(name, "Peer") && peerLine != 0:
+				errorf(ln, "[Peer]", "a second [Peer] stanza (the first is on line %d); a register file holds one peer, so give each its own file", peerLine)
+				return RegisterPeer{}, errs.sorted()
+			case strings.EqualFold(name, "Peer"):
+				peerLine, section = ln, "peer"
+			default:
+				field := ""
+				if isKeyName(name) {
+					field = "[" + name + "]"
+				}
+				errorf(ln, field, "unknown section; a register file holds one [Peer] stanza")
+				section = "?"
+			}
+			continue
+		}
+		key, val, ok := strings.Cut(s, "=")
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
+		k, known := wgQuickKeys[strings.ToLower(key)]
+		switch {
+		case !ok || key == "":
+			errorf(ln, "", "%s", unrecognizedMsg)
+			continue
+		case strings.EqualFold(key, "PrivateKey"):
+			errorf(ln, "PrivateKey", "%s", privateKeyMsg)
+			continue
+		case !known && isKeyName(key):
+			msg := "unknown key"
+			if sug := suggest(key, wgQuickKeyNames); sug != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", sug)
+			}
+			errorf(ln, key, "%s", msg)
+			continue
+		case !known:
+			errorf(ln, "", "%s", unrecognizedMsg)
+			continue
+		case section == "?":
+			continue // the section header is reported
+		case section == "":
+			errorf(ln, k.name, "outside a [Peer] section; start the stanza with [Peer]")
+			continue
+		case val == "":
+			errorf(ln, k.name, "empty value")
+			if k.name == "PublicKey" {
+				bad[k.path] = true // it is reported; not "required" as well
+			}
+			continue
+		}
+		if k.name != "AllowedIPs" {
+			if l, dup := first[k.name]; dup {
+				errorf(ln, k.name, "duplicate key (first set on line %d)", l)
+				continue
+			}
+			first[k.name] = ln
+		}
+		switch k.name {
+		case "PublicKey":
+			peer.PublicKey = val
+			pos[k.path] = ln
+		case "PresharedKey":
+			if b, err := base64.StdEncoding.DecodeString(val); err != nil || len(b) != 32 {
+				errorf(ln, k.name, "not a WireGuard key (32 bytes of base64, 44 characters ending in '='); the value is not shown, as it is secret")
+				continue
+			}
+			psk, pskLine = Secret(val), ln
+		case "Endpoint":
+			peer.Endpoint = val
+			pos[k.path] = ln
+		case "AllowedIPs":
+			for part := range strings.SplitSeq(val, ",") {
+				part = strings.TrimSpace(part)
+				if part == "" {
+					errorf(ln, k.name, "empty entry in the list")
+					continue
+				}
+				pos[indexPath(k.path, len(peer.AllowedIPs))] = ln
+				peer.AllowedIPs = append(peer.AllowedIPs, part)
+			}
+		case "PersistentKeepalive":
+			pos[k.path] = ln
+			if strings.EqualFold(val, "off") {
+				continue
+			}
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				errorf(ln, k.name, "%q is not a number of seconds (0-65535) or off", val)
+				bad[k.path] = true
+				continue
+			}
+			peer.PersistentKeepalive = n
+		}
+	}
+	if peerLine == 0 {
+		if len(errs) == 0 {
+			errorf(0, "", "no [Peer] stanza; a register file holds one peer, as a [Peer] stanza or in YAML")
+		}
+		return RegisterPeer{}, errs.sorted()
+	}
+	if psk != "" && !opts.SkipFileChecks && mode.Perm()&0o077 != 0 {
+		errorf(pskLine, "PresharedKey", "this file holds a preshared key but is readable by group or others (mode %04o); chmod 600 it", mode.Perm())
+	}
+	pos[""] = peerLine
+	v := &validator{file: file, pos: pos, bad: bad, opts: opts, errs: errs, rename: wgQuickName}
+	return v.registerPeer(file, peerLine, peer, psk)
+}
