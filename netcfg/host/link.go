@@ -18,7 +18,7 @@ const CreatingGroup = 0x6e610001 // "na" + 1
 // LinkSpec is a link to create.
 type LinkSpec struct {
 	Name        string
-	Kind        string // "vlan" or "macvlan"
+	Kind        string // "vlan", "macvlan" or "wireguard"
 	ParentIndex int
 	// Index asks the kernel for this ifindex (0: the kernel picks). Choosing
 	// it saves a lookup of the new link's index per create.
@@ -40,19 +40,23 @@ func (h *Host) LinkCreate(s LinkSpec) error {
 	}
 	req.AddData(msg)
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(s.Name)))
-	req.AddData(nl.NewRtAttr(unix.IFLA_LINK, nl.Uint32Attr(uint32(s.ParentIndex))))
+	if s.ParentIndex != 0 {
+		req.AddData(nl.NewRtAttr(unix.IFLA_LINK, nl.Uint32Attr(uint32(s.ParentIndex))))
+	}
 	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(CreatingGroup)))
 	if s.MTU > 0 {
 		req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(s.MTU))))
 	}
 	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
 	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated(s.Kind))
-	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
 	switch s.Kind {
 	case "vlan":
+		data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
 		data.AddRtAttr(nl.IFLA_VLAN_ID, nl.Uint16Attr(uint16(s.VLANID)))
 	case "macvlan":
+		data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
 		data.AddRtAttr(nl.IFLA_MACVLAN_MODE, nl.Uint32Attr(s.MacvlanMode))
+	case "wireguard": // configured through wgctrl, not link attributes
 	default:
 		return fmt.Errorf("unknown link kind %q", s.Kind)
 	}

@@ -53,7 +53,7 @@ var DefaultModules = []string{
 // DefaultTools lists the host programs copied into the initramfs, with their
 // shared libraries, so tests can observe state and run baselines. A missing
 // tool is skipped with a note.
-var DefaultTools = []string{"ip", "nft", "wg", "tcpdump", "ping"}
+var DefaultTools = []string{"ip", "nft", "wg", "tcpdump", "ping", "ss"}
 
 // Config describes one run.
 type Config struct {
