@@ -1,0 +1,142 @@
+package wg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Observe reads the devices that matter to d: every device it names, every
+// WireGuard device nodeagent owns, with their addresses and peers; and it
+// resolves every configured endpoint. It costs one link dump, one address
+// dump (only when there are devices), one wgctrl read per device and the
+// look-ups the resolver cache does not answer.
+func Observe(ctx context.Context, h *Handle, d Desired) (Observed, error) {
+	o := Observed{
+		Devices:   map[string]ObservedDevice{},
+		Resolved:  map[string]Resolved{},
+		Kernel:    h.kernelHasWireGuard(),
+		Userspace: h.Userspace != nil,
+		Time:      h.now(),
+	}
+	links, err := h.Host.LinkList()
+	if err != nil {
+		return Observed{}, err
+	}
+	named := make(map[string]bool, len(d.Devices))
+	for _, dev := range d.Devices {
+		named[dev.Name] = true
+	}
+	keep := map[int]string{}
+	for _, l := range links {
+		o.MaxIndex = max(o.MaxIndex, l.Index)
+		interrupted := l.Alias != host.LinkAlias && l.Group == host.CreatingGroup
+		owned := l.Alias == host.LinkAlias || interrupted
+		impl := ""
+		switch {
+		case l.Kind == "wireguard":
+			impl = ImplKernel
+		case l.Kind == "tun" && h.Userspace != nil && h.Userspace.Running(l.Name):
+			impl = ImplUserspace
+		}
+		if !named[l.Name] && !(owned && impl != "") {
+			continue
+		}
+		o.Devices[l.Name] = ObservedDevice{
+			Name: l.Name, Index: l.Index, Kind: l.Kind, Impl: impl,
+			Owned: owned, Interrupted: interrupted, MTU: l.MTU, Up: l.Up,
+		}
+		keep[l.Index] = l.Name
+	}
+	if len(keep) > 0 {
+		addrs, err := h.Host.AddrList()
+		if err != nil {
+			return Observed{}, err
+		}
+		for _, a := range addrs {
+			name, ok := keep[a.LinkIndex]
+			if !ok || a.Prefix.Addr().IsLinkLocalUnicast() {
+				continue
+			}
+			od := o.Devices[name]
+			owned := a.Owned() || (!h.Host.AddrProto && od.Owned && a.Scope == 0)
+			od.Addrs = append(od.Addrs, ObservedAddr{Prefix: a.Prefix, Owned: owned})
+			o.Devices[name] = od
+		}
+	}
+	for name, od := range o.Devices {
+		if od.Impl == "" {
+			continue
+		}
+		dev, err := h.device(name)
+		if errors.Is(err, os.ErrNotExist) {
+			// A kernel link whose module is gone, or a TUN that is not
+			// (or no longer) WireGuard: not a device to configure.
+			od.Impl = ""
+			o.Devices[name] = od
+			continue
+		}
+		if err != nil {
+			return Observed{}, fmt.Errorf("wireguard %s: read device: %w", name, err)
+		}
+		od.PrivateKey = Key(dev.PrivateKey)
+		od.PublicKey = dev.PublicKey
+		od.ListenPort = dev.ListenPort
+		od.FwMark = dev.FirewallMark
+		od.Peers = make(map[wgtypes.Key]ObservedPeer, len(dev.Peers))
+		for _, p := range dev.Peers {
+			od.Peers[p.PublicKey] = observePeer(p)
+		}
+		o.Devices[name] = od
+	}
+	for _, dev := range d.Devices {
+		od := o.Devices[dev.Name]
+		for _, p := range dev.Peers {
+			if p.Endpoint == "" {
+				continue
+			}
+			// A peer that is not talking gets a fresh look-up: its
+			// address may have moved ("re-resolved on failure to
+			// handshake").
+			op, known := od.Peers[p.PublicKey]
+			stale := known && (op.LastHandshake.IsZero() || o.Time.Sub(op.LastHandshake) > StaleHandshake)
+			if r, done := o.Resolved[p.Endpoint]; done && !(stale && r.Err == "") {
+				continue
+			}
+			o.Resolved[p.Endpoint] = h.resolve(ctx, p.Endpoint, stale)
+		}
+	}
+	return o, nil
+}
+
+func observePeer(p wgtypes.Peer) ObservedPeer {
+	op := ObservedPeer{
+		PublicKey:     p.PublicKey,
+		PresharedKey:  Key(p.PresharedKey),
+		Keepalive:     p.PersistentKeepaliveInterval,
+		LastHandshake: p.LastHandshakeTime,
+		RxBytes:       p.ReceiveBytes,
+		TxBytes:       p.TransmitBytes,
+	}
+	if p.Endpoint != nil {
+		if a, ok := netip.AddrFromSlice(p.Endpoint.IP); ok {
+			op.Endpoint = netip.AddrPortFrom(a.Unmap(), uint16(p.Endpoint.Port))
+		}
+	}
+	for _, n := range p.AllowedIPs {
+		a, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := n.Mask.Size()
+		a = a.Unmap()
+		op.AllowedIPs = append(op.AllowedIPs, netip.PrefixFrom(a, bits).Masked())
+	}
+	sortPrefixes(op.AllowedIPs)
+	return op
+}

@@ -1,0 +1,228 @@
+package wg
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// MakePlan computes the ops that take o to d. It is a pure function.
+func MakePlan(d Desired, o Observed) Plan {
+	var ops []Op
+	want := map[string]bool{}
+	for _, dev := range d.Devices {
+		want[dev.Name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(o.Devices)) {
+		od := o.Devices[name]
+		if !want[name] && od.Owned && od.Impl != "" {
+			ops = append(ops, Op{Kind: OpDeleteDevice, Device: name, Old: od})
+		}
+	}
+	for _, dev := range d.Devices {
+		ops = append(ops, planDevice(dev, o)...)
+	}
+	return Plan{Ops: ops, Desired: d, Observed: o}
+}
+
+func planDevice(d Device, o Observed) []Op {
+	fail := func(format string, a ...any) Op {
+		return Op{Kind: OpFail, Device: d.Name, Failed: true, Detail: fmt.Sprintf(format, a...)}
+	}
+	var ops []Op
+	for _, s := range d.Skipped {
+		ops = append(ops, fail("peer skipped: %s", s))
+	}
+	if d.Broken != "" {
+		return append(ops, fail("%s; left as it is", d.Broken))
+	}
+	od, exists := o.Devices[d.Name]
+	if !exists {
+		impl, why := chooseImpl(d.Impl, o)
+		if why != "" {
+			f := fail("%s", why)
+			f.NoHost = !o.Userspace && d.Impl != ImplKernel
+			return append(ops, f)
+		}
+		ops = append(ops, Op{Kind: OpCreateDevice, Device: d.Name, Impl: impl, Want: d})
+		for _, a := range d.Addrs {
+			ops = append(ops, Op{Kind: OpAddAddr, Device: d.Name, Addr: a})
+		}
+		return append(ops, planPeers(d, ObservedDevice{}, o)...)
+	}
+	switch {
+	case od.Impl == "":
+		return append(ops, fail("exists as a %s link, not a WireGuard device; left untouched", kindName(od.Kind)))
+	case !od.Owned && !d.Adopt:
+		return append(ops, fail("exists and was not created by nodeagent; left untouched (set adopt: true to take it over)"))
+	case !od.Owned || od.Interrupted:
+		ops = append(ops, Op{Kind: OpMarkDevice, Device: d.Name, Old: od})
+	}
+	if d.Impl != ImplAuto && d.Impl != "" && d.Impl != od.Impl {
+		if _, why := chooseImpl(d.Impl, o); why != "" {
+			return append(ops, fail("runs %s; %s", od.Impl, why))
+		}
+		ops = append(ops, Op{Kind: OpDeleteDevice, Device: d.Name, Old: od, Detail: fmt.Sprintf("recreate: implementation %s -> %s", od.Impl, d.Impl)})
+		ops = append(ops, Op{Kind: OpCreateDevice, Device: d.Name, Impl: d.Impl, Want: d})
+		for _, a := range d.Addrs {
+			ops = append(ops, Op{Kind: OpAddAddr, Device: d.Name, Addr: a})
+		}
+		return append(ops, planPeers(d, ObservedDevice{}, o)...)
+	}
+	if mtuOf(d) != od.MTU {
+		ops = append(ops, Op{Kind: OpSetMTU, Device: d.Name, Want: d, Old: od})
+	}
+	for _, a := range d.Addrs {
+		if !slices.ContainsFunc(od.Addrs, func(x ObservedAddr) bool { return x.Prefix == a }) {
+			ops = append(ops, Op{Kind: OpAddAddr, Device: d.Name, Addr: a})
+		}
+	}
+	for _, a := range od.Addrs {
+		if a.Owned && !slices.Contains(d.Addrs, a.Prefix) {
+			ops = append(ops, Op{Kind: OpDelAddr, Device: d.Name, Addr: a.Prefix})
+		}
+	}
+	var changes []string
+	if d.PrivateKey != od.PrivateKey {
+		changes = append(changes, fmt.Sprintf("private key (public key %s -> %s)", od.PublicKey, d.PrivateKey.PublicKey()))
+	}
+	if d.ListenPort != 0 && d.ListenPort != od.ListenPort {
+		changes = append(changes, fmt.Sprintf("listen port %d -> %d", od.ListenPort, d.ListenPort))
+	}
+	if d.FwMark != od.FwMark {
+		changes = append(changes, fmt.Sprintf("fwmark %#x -> %#x", od.FwMark, d.FwMark))
+	}
+	if len(changes) > 0 {
+		ops = append(ops, Op{Kind: OpSetDevice, Device: d.Name, Want: d, Old: od, Changes: changes})
+	}
+	ops = append(ops, planPeers(d, od, o)...)
+	if !od.Up {
+		ops = append(ops, Op{Kind: OpSetUp, Device: d.Name, Old: od})
+	}
+	return ops
+}
+
+// chooseImpl picks the implementation a new device runs with, or says why
+// none can run it.
+func chooseImpl(want string, o Observed) (string, string) {
+	const noHost = "the userspace implementation runs inside nodeagent's own process, which a one-shot apply is not (run the daemon)"
+	switch want {
+	case ImplKernel:
+		if !o.Kernel {
+			return "", "the kernel has no WireGuard (implementation: kernel); use auto or userspace"
+		}
+		return ImplKernel, ""
+	case ImplUserspace:
+		if !o.Userspace {
+			return "", noHost
+		}
+		return ImplUserspace, ""
+	}
+	switch {
+	case o.Kernel:
+		return ImplKernel, ""
+	case o.Userspace:
+		return ImplUserspace, ""
+	}
+	return "", "the kernel has no WireGuard, and " + noHost
+}
+
+func kindName(k string) string {
+	if k == "" {
+		return "hardware"
+	}
+	return k
+}
+
+// planPeers diffs the peers one by one. od is the zero value for a device
+// this sync creates.
+func planPeers(d Device, od ObservedDevice, o Observed) []Op {
+	var ops []Op
+	want := make(map[wgtypes.Key]bool, len(d.Peers))
+	for _, p := range d.Peers {
+		want[p.PublicKey] = true
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(od.Peers), func(a, b wgtypes.Key) int { return strings.Compare(a.String(), b.String()) }) {
+		if !want[k] && !d.KeepPeers {
+			ops = append(ops, Op{Kind: OpRemovePeer, Device: d.Name, PeerID: k})
+		}
+	}
+	for _, p := range d.Peers {
+		var ep netip.AddrPort
+		if p.Endpoint != "" {
+			r := o.Resolved[p.Endpoint]
+			if !r.Addr.IsValid() {
+				why := r.Err
+				if why == "" {
+					why = "not resolved"
+				}
+				verb := "skipped"
+				if _, ok := od.Peers[p.PublicKey]; ok {
+					verb = "left as it is"
+				}
+				ops = append(ops, Op{Kind: OpFail, Device: d.Name, PeerID: p.PublicKey, Peer: p, Failed: true,
+					Detail: fmt.Sprintf("endpoint %s does not resolve (%s); %s", p.Endpoint, why, verb)})
+				continue
+			}
+			ep = r.Addr
+		}
+		op, ok := od.Peers[p.PublicKey]
+		if !ok {
+			ops = append(ops, Op{Kind: OpAddPeer, Device: d.Name, PeerID: p.PublicKey, Peer: p, Endpoint: ep})
+			continue
+		}
+		if changes := peerChanges(p, ep, op, o); len(changes) > 0 {
+			ops = append(ops, Op{Kind: OpUpdatePeer, Device: d.Name, PeerID: p.PublicKey, Peer: p, Endpoint: ep, Changes: changes})
+		}
+	}
+	return ops
+}
+
+// peerChanges lists what differs between the desired peer p (endpoint
+// resolved to ep) and the kernel's op.
+//
+// The endpoint is rewritten only where that cannot fight WireGuard's own
+// roaming: a peer with no configured endpoint keeps what the kernel learnt;
+// one configured as an address gets that address back; one configured as a
+// host name is re-pointed when it resolves elsewhere and the peer has not
+// completed a handshake in StaleHandshake (so a live session on an address
+// the name no longer gives stays up until it fails).
+func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) []string {
+	var changes []string
+	if ep.IsValid() && ep != op.Endpoint {
+		literal := false
+		if ap, err := netip.ParseAddrPort(p.Endpoint); err == nil && ap == ep {
+			literal = true
+		}
+		stale := op.LastHandshake.IsZero() || o.Time.Sub(op.LastHandshake) > StaleHandshake
+		if literal || stale || !op.Endpoint.IsValid() {
+			changes = append(changes, fmt.Sprintf("endpoint %s -> %s", endpointText(op.Endpoint), ep))
+		}
+	}
+	if p.Keepalive != op.Keepalive {
+		changes = append(changes, fmt.Sprintf("keepalive %s -> %s", op.Keepalive, p.Keepalive))
+	}
+	if p.PresharedKey != op.PresharedKey {
+		changes = append(changes, "preshared key")
+	}
+	if !slices.Equal(p.AllowedIPs, op.AllowedIPs) {
+		changes = append(changes, fmt.Sprintf("allowed IPs %s -> %s", joinPrefixes(op.AllowedIPs), joinPrefixes(p.AllowedIPs)))
+	}
+	return changes
+}
+
+func endpointText(ap netip.AddrPort) string {
+	if !ap.IsValid() {
+		return "(none)"
+	}
+	return ap.String()
+}
+
+// has reports whether the change list holds a change of this name.
+func has(changes []string, name string) bool {
+	return slices.ContainsFunc(changes, func(c string) bool { return strings.HasPrefix(c, name) })
+}

@@ -1,0 +1,363 @@
+// Package wg converges WireGuard interfaces and their peers, with the
+// Observe/Plan/Apply shape every nodeagent subsystem has (DESIGN.md §2).
+//
+// A device runs in the kernel (link type wireguard) or, where the kernel has
+// no WireGuard, inside this process with wireguard-go over TUN, serving the
+// standard UAPI socket so wg(8) and wgctrl see it either way. Both are
+// configured through wgctrl.
+//
+// Ownership: a device is nodeagent's when its link carries IFLA_IFALIAS
+// host.LinkAlias; its peers are all nodeagent's. A configured name that
+// exists without the mark is a conflict unless the config says adopt.
+//
+// Peers are diffed one by one: a sync adds, removes and updates single peers
+// (UpdateOnly, Remove, ReplaceAllowedIPs) and never replaces a device's whole
+// peer list, so changing one peer leaves every other peer's session alone.
+//
+// Keys: private and preshared keys are Key values, which never print. Plans,
+// errors, logs and status show public keys only.
+package wg
+
+import (
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/plan"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Implementation names, as in the config's implementation field.
+const (
+	ImplAuto      = "auto"
+	ImplKernel    = "kernel"
+	ImplUserspace = "userspace"
+)
+
+// DefaultMTU is the MTU of a device whose config names none, as wg-quick
+// picks for a 1500-byte underlay (1500 - 80 bytes of IPv6 + UDP + WireGuard).
+const DefaultMTU = 1420
+
+// StaleHandshake is how old a peer's last handshake may be before the peer
+// counts as not talking (WireGuard rekeys every 2 minutes, gives up after
+// 3). A stale peer gets its endpoint re-resolved and rewritten.
+const StaleHandshake = 180 * time.Second
+
+// Key is secret key material: a private or preshared key. It never prints
+// in any format, so a Key in an error, log line or %+v dump shows nothing.
+type Key [32]byte
+
+const redacted = "(redacted)"
+
+// String, GoString, Format and MarshalText print "(redacted)".
+func (Key) String() string               { return redacted }
+func (Key) GoString() string             { return redacted }
+func (Key) Format(f fmt.State, _ rune)   { io.WriteString(f, redacted) }
+func (Key) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
+// IsZero reports whether the key is unset.
+func (k Key) IsZero() bool { return k == Key{} }
+
+// PublicKey returns the public key of a private key.
+func (k Key) PublicKey() wgtypes.Key { return wgtypes.Key(k).PublicKey() }
+
+// ParseKey decodes a key as wg genkey writes it (base64, surrounding white
+// space ignored). The error never repeats the text.
+func ParseKey(s string) (Key, error) { return parseKey(strings.TrimSpace(s)) }
+
+func parseKey(s string) (Key, error) {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b) != 32 {
+		// Never echo the text: it may be a key with a typo in it.
+		return Key{}, fmt.Errorf("not a WireGuard key (32 bytes of base64)")
+	}
+	return Key(b), nil
+}
+
+// Device is one desired WireGuard interface.
+type Device struct {
+	Name string
+	// Impl is ImplAuto, ImplKernel or ImplUserspace. Auto picks the kernel
+	// when it has WireGuard, and keeps the implementation an existing device
+	// runs with.
+	Impl       string
+	PrivateKey Key
+	ListenPort int
+	FwMark     int
+	MTU        int // 0: DefaultMTU
+	Addrs      []netip.Prefix
+	Adopt      bool
+	Peers      []Peer
+	// Broken says why the device cannot be converged (its key file cannot
+	// be read, say). A broken device is reported and left as it is.
+	Broken string
+	// KeepPeers keeps kernel peers that the desired state lacks: the
+	// register directory could not be read, so its absence proves nothing.
+	KeepPeers bool
+	// Skipped lists register entries that were reported and skipped
+	// ("peers.d/bob.yaml:3: allowedIPs[0]: ..."); the device and its other
+	// peers are converged.
+	Skipped []string
+}
+
+// Peer is one desired peer.
+type Peer struct {
+	PublicKey    wgtypes.Key
+	Name         string
+	PresharedKey Key
+	// Endpoint is host:port as configured; "" for a peer that roams (the
+	// usual remote-access client, whose endpoint the kernel learns).
+	Endpoint   string
+	AllowedIPs []netip.Prefix // sorted, masked
+	Keepalive  time.Duration
+}
+
+// Desired is the whole desired state of this subsystem.
+type Desired struct {
+	Devices []Device
+}
+
+// ObservedDevice is one device as the kernel (or this process) has it.
+type ObservedDevice struct {
+	Name  string
+	Index int
+	Kind  string // link type: wireguard, tun, or something foreign
+	// Impl is ImplKernel or ImplUserspace for a WireGuard device, "" for a
+	// link that is not one.
+	Impl        string
+	Owned       bool
+	Interrupted bool // born with host.CreatingGroup, not yet marked
+	MTU         int
+	Up          bool
+	Addrs       []ObservedAddr
+
+	PrivateKey Key
+	PublicKey  wgtypes.Key
+	ListenPort int
+	FwMark     int
+	Peers      map[wgtypes.Key]ObservedPeer
+}
+
+// ObservedAddr is one address on an observed device.
+type ObservedAddr struct {
+	Prefix netip.Prefix
+	Owned  bool
+}
+
+// ObservedPeer is one peer as the device has it.
+type ObservedPeer struct {
+	PublicKey     wgtypes.Key
+	PresharedKey  Key
+	Endpoint      netip.AddrPort // zero: none
+	Keepalive     time.Duration
+	LastHandshake time.Time
+	RxBytes       int64
+	TxBytes       int64
+	AllowedIPs    []netip.Prefix // sorted
+}
+
+// Resolved is the outcome of resolving one configured endpoint.
+type Resolved struct {
+	Addr netip.AddrPort
+	Err  string
+}
+
+// Observed is the state that matters to this subsystem: every device the
+// desired state names, every device nodeagent owns, and the resolution of
+// every configured endpoint.
+type Observed struct {
+	Devices map[string]ObservedDevice
+	// Resolved maps each desired endpoint (host:port) to what it resolved to.
+	Resolved map[string]Resolved
+	// Kernel reports whether the kernel has WireGuard.
+	Kernel bool
+	// Userspace reports whether this process can host userspace devices (a
+	// long-running daemon can; a one-shot apply cannot, its devices would
+	// die with it).
+	Userspace bool
+	// Time is when the state was read; handshake ages are relative to it.
+	Time     time.Time
+	MaxIndex int
+}
+
+// OpKind says what an Op does.
+type OpKind int
+
+// The operations a plan is made of, in the order Apply runs them per device.
+const (
+	OpDeleteDevice OpKind = iota // removed from config, or recreated
+	OpCreateDevice
+	OpMarkDevice // adopt, or finish an interrupted creation
+	OpSetMTU
+	OpSetUp
+	OpDelAddr
+	OpAddAddr
+	OpSetDevice // private key, listen port, fwmark
+	OpRemovePeer
+	OpAddPeer
+	OpUpdatePeer
+	OpFail // not applied: reported (conflict, pending, skipped peer)
+)
+
+// Op is one change to one object.
+type Op struct {
+	Kind   OpKind
+	Device string
+	Impl   string // for create
+	Want   Device // for create and device changes
+	Old    ObservedDevice
+	Addr   netip.Prefix
+	Peer   Peer        // for peer adds and updates
+	PeerID wgtypes.Key // for peer ops
+	// Endpoint is the resolved endpoint to set, zero for none.
+	Endpoint netip.AddrPort
+	// Changes lists what an update changes, for the plan text: each is one
+	// of "endpoint", "keepalive", "preshared key", "allowed IPs",
+	// "private key", "listen port", "fwmark".
+	Changes []string
+	Detail  string // the text after the object, for plan lines
+	Failed  bool   // for OpFail: a failure, not a wait
+	// Pending marks an OpFail that waits for something (not a failure).
+	Pending bool
+	// NoHost marks an OpFail for a device only the userspace
+	// implementation could run, in a process that cannot host it.
+	NoHost bool
+}
+
+// Action is the first column of a plan line.
+func (o Op) Action() byte {
+	switch o.Kind {
+	case OpCreateDevice, OpAddAddr, OpAddPeer:
+		return '+'
+	case OpDeleteDevice, OpDelAddr, OpRemovePeer:
+		return '-'
+	case OpFail:
+		return '!'
+	}
+	return '~'
+}
+
+// Object names what the op is about, for errors and status.
+func (o Op) Object() string {
+	switch o.Kind {
+	case OpAddAddr, OpDelAddr:
+		return fmt.Sprintf("address %s on %s", o.Addr, o.Device)
+	case OpAddPeer, OpRemovePeer, OpUpdatePeer:
+		return peerObject(o.Device, o.PeerID, o.Peer.Name)
+	}
+	if o.Kind == OpFail && o.PeerID != (wgtypes.Key{}) {
+		return peerObject(o.Device, o.PeerID, o.Peer.Name)
+	}
+	return "wireguard " + o.Device
+}
+
+func peerObject(dev string, k wgtypes.Key, name string) string {
+	s := fmt.Sprintf("wireguard %s peer %s", dev, k)
+	if name != "" {
+		s += " (" + name + ")"
+	}
+	return s
+}
+
+func (o Op) String() string {
+	s := o.Object()
+	switch o.Kind {
+	case OpDeleteDevice:
+		s += fmt.Sprintf(" (%s)", o.Old.Impl)
+	case OpCreateDevice:
+		s += fmt.Sprintf(" (%s, public key %s, listen port %d, mtu %d)", o.Impl, o.Want.PrivateKey.PublicKey(), o.Want.ListenPort, mtuOf(o.Want))
+	case OpMarkDevice:
+		if o.Old.Interrupted {
+			s += " mark (its creation was interrupted)"
+		} else {
+			s += " adopt (mark as nodeagent's)"
+		}
+	case OpSetMTU:
+		s += fmt.Sprintf(" mtu %d -> %d", o.Old.MTU, mtuOf(o.Want))
+	case OpSetUp:
+		s += " down -> up"
+	case OpSetDevice, OpUpdatePeer:
+		s += " " + strings.Join(o.Changes, ", ")
+	case OpAddPeer:
+		s += " " + describePeer(o.Peer, o.Endpoint)
+	}
+	if o.Detail != "" {
+		s += ": " + o.Detail
+	}
+	return string(o.Action()) + " " + s
+}
+
+func describePeer(p Peer, ep netip.AddrPort) string {
+	var parts []string
+	parts = append(parts, "allowed IPs "+joinPrefixes(p.AllowedIPs))
+	if p.Endpoint != "" {
+		e := p.Endpoint
+		if ep.IsValid() && ep.String() != p.Endpoint {
+			e += " = " + ep.String()
+		}
+		parts = append(parts, "endpoint "+e)
+	}
+	if p.Keepalive > 0 {
+		parts = append(parts, fmt.Sprintf("keepalive %s", p.Keepalive))
+	}
+	if !p.PresharedKey.IsZero() {
+		parts = append(parts, "preshared key")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	if len(ps) == 0 {
+		return "(none)"
+	}
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func mtuOf(d Device) int {
+	if d.MTU == 0 {
+		return DefaultMTU
+	}
+	return d.MTU
+}
+
+// Plan is an ordered list of ops. The zero Plan changes nothing.
+type Plan struct {
+	plan.Ops[Op]
+	Desired  Desired
+	Observed Observed
+}
+
+// Writes reports whether the plan changes anything (as opposed to only
+// reporting).
+func (p Plan) Writes() bool {
+	return slices.ContainsFunc(p.Ops, func(o Op) bool { return o.Kind != OpFail })
+}
+
+// NeedHost returns the devices that only the userspace implementation could
+// run and this process cannot host.
+func (p Plan) NeedHost() []string {
+	var out []string
+	for _, o := range p.Ops {
+		if o.NoHost {
+			out = append(out, o.Device)
+		}
+	}
+	return out
+}
+
+func sortPrefixes(ps []netip.Prefix) {
+	slices.SortFunc(ps, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+}
