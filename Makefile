@@ -8,8 +8,12 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 LOGDIR  := .cache/test
 # Packages whose tests run in the VM too: the VLAN tests need 8021q and dummy,
-# and the routing and nftables scenarios are worth proving on Debian's own kernel.
-VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft
+# the WireGuard tests the kernel module, and the routing and nftables
+# scenarios are worth proving on Debian's own kernel. The CLI's WireGuard
+# test runs there too (VM_CMD_TESTS), by itself: the other CLI tests read the
+# source tree.
+VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg
+VM_CMD_TESTS ?= TestApplyOnceWireGuard
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
 .PHONY: build test test-unit test-vm bench fuzz lint demo clean
@@ -24,7 +28,8 @@ test:
 	@mkdir -p $(LOGDIR); status=0; \
 	NODEAGENT_VM_SMOKE=1 $(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
 	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
-	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log || status=1; \
+	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
+	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \
 	exit $$status
 
 # Unit tests only: no root, no VM.
@@ -32,15 +37,17 @@ test-unit:
 	$(GO) test -count=1 -short ./...
 
 test-vm:
-	@mkdir -p $(LOGDIR)
-	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log
-	@$(GO) run ./testenv/cmd/testsum $(LOGDIR)/vm.log
+	@mkdir -p $(LOGDIR); status=0; \
+	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
+	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
+	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \
+	exit $$status
 
 # Benchmarks with their baselines side by side: rules, routes and nftables in a host
 # netns (and the no-op sync of 1000 links), VLANs inside the VM (they need 8021q).
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route ./netcfg/nft ./netcfg/link
-	$(VMTEST) -bench . -benchtime 1x -run '^$$' ./netcfg/link
+	$(VMTEST) -bench . -benchtime 1x -run '^$$' ./netcfg/link ./netcfg/wg
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./netcfg/config

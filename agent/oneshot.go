@@ -62,7 +62,13 @@ func Unsupported(c *config.Config) []string {
 			out = append(out, fmt.Sprintf("%s (%d)", what, n))
 		}
 	}
-	add(len(c.WireGuard), "wireguard")
+	pia := 0
+	for _, w := range c.WireGuard {
+		if w.PIA != nil {
+			pia++
+		}
+	}
+	add(pia, "wireguard pia")
 	add(len(c.Kubernetes.Labels)+len(c.Kubernetes.ConditionalLabels), "kubernetes labels")
 	add(len(c.Checks.ARPReachable), "checks")
 	return out
@@ -99,6 +105,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	}
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h}
+	defer cv.Close()
 	p, err := cv.Plan(ctx, d)
 	// Without CAP_NET_ADMIN the kernel refuses to show some state (the
 	// nftables ruleset): say which, and plan everything else.
@@ -151,8 +158,18 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 		}
 	}
 	cv := &netcfg.Converger{Host: h, Log: log}
+	defer cv.Close()
+	// A device that only the userspace implementation could run needs a
+	// long-running process to host it: refuse before changing anything
+	// rather than converge the rest without it.
+	if pre, _ := cv.Plan(ctx, d); len(pre.WG.NeedHost()) > 0 {
+		return fmt.Errorf("%s: wireguard %s: the kernel has no WireGuard, and the userspace implementation lives in nodeagent's own process, which apply --once is not; nothing applied", path, strings.Join(pre.WG.NeedHost(), ", "))
+	}
 	p, err := cv.Sync(ctx, d)
 	io.WriteString(w, p.String())
+	// The write counts make "a converged node is left alone" checkable
+	// from outside: a no-op apply logs zeros.
+	log.Info("sync done", "netlinkWrites", h.Writes(), "wireguardWrites", cv.WG().ConfigWrites())
 	pending, failed := netcfg.Split(err)
 	for _, e := range pending {
 		log.Warn("waiting", "object", e.Error())
@@ -175,6 +192,7 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) err
 	}
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h, Log: log}
+	defer cv.Close()
 	p, err := cv.Teardown(ctx, o.TablesFile)
 	io.WriteString(w, p.String())
 	return err

@@ -20,6 +20,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/sysctl"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
 
 // Desired is the desired state of every subsystem.
@@ -28,6 +29,7 @@ type Desired struct {
 	Link   link.Desired
 	Sysctl sysctl.Desired
 	Route  route.Desired
+	WG     wg.Desired
 }
 
 // FromConfig derives the desired state from a validated config. Names of
@@ -75,6 +77,7 @@ func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 	errs = append(errs, err)
 	d.Nft, err = nft.FromConfig(c.Firewall)
 	errs = append(errs, err)
+	d.WG = wg.FromConfig(c, config.Options{})
 	return d, errors.Join(errs...)
 }
 
@@ -82,28 +85,53 @@ func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 type Converger struct {
 	Host *host.Host
 	Log  *slog.Logger
+	// Userspace hosts in-process WireGuard devices where the kernel has
+	// none; nil in a one-shot process, which cannot keep them alive.
+	Userspace *wg.Userspace
+	// Resolver resolves WireGuard endpoint names; nil means the system's.
+	Resolver wg.Resolver
+
+	wg *wg.Handle
+}
+
+// WG returns the WireGuard handle, made on first use. It keeps the wgctrl
+// client and the endpoint cache from one sync to the next.
+func (c *Converger) WG() *wg.Handle {
+	if c.wg == nil {
+		c.wg = &wg.Handle{Host: c.Host, Userspace: c.Userspace, Resolver: c.Resolver, Log: c.log().With("subsystem", "wireguard")}
+	}
+	return c.wg
+}
+
+// Close releases what the converger opened (not the host handle, and not
+// the userspace devices, which outlive a converger).
+func (c *Converger) Close() {
+	if c.wg != nil {
+		c.wg.Close()
+	}
 }
 
 // Plans holds one plan per subsystem, in the order they are applied:
 // nftables first, so the kill switch is armed before anything forwards (its
 // rules name interfaces, not links, so they need none to exist); then links
-// (routes and per-interface sysctls name them), sysctls (forwarding before
-// traffic is steered), and routes and rules.
+// and WireGuard devices (routes and per-interface sysctls name them),
+// sysctls (forwarding before traffic is steered), and routes and rules.
 type Plans struct {
 	Nft    nft.Plan
 	Link   link.Plan
+	WG     wg.Plan
 	Sysctl sysctl.Plan
 	Route  route.Plan
 }
 
 // Empty reports whether no subsystem has anything to do.
 func (p Plans) Empty() bool {
-	return p.Nft.Empty() && p.Link.Empty() && p.Sysctl.Empty() && p.Route.Empty()
+	return p.Nft.Empty() && p.Link.Empty() && p.WG.Empty() && p.Sysctl.Empty() && p.Route.Empty()
 }
 
 // String is the dry-run text of every subsystem, one line per object.
 func (p Plans) String() string {
-	return p.Nft.String() + p.Link.String() + p.Sysctl.String() + p.Route.String()
+	return p.Nft.String() + p.Link.String() + p.WG.String() + p.Sysctl.String() + p.Route.String()
 }
 
 // Plan observes the kernel and returns what a sync would change. A
@@ -120,6 +148,11 @@ func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 		errs = append(errs, fmt.Errorf("links: %w", err))
 	} else {
 		p.Link = link.MakePlan(d.Link, o)
+	}
+	if o, err := wg.Observe(ctx, c.WG(), d.WG); err != nil {
+		errs = append(errs, fmt.Errorf("wireguard: %w", err))
+	} else {
+		p.WG = wg.MakePlan(d.WG, o)
 	}
 	if o, err := sysctl.Observe(ctx, c.Host, d.Sysctl); err != nil {
 		errs = append(errs, fmt.Errorf("sysctls: %w", err))
@@ -150,12 +183,18 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 		_, err := nft.Apply(ctx, c.Host, p.Nft)
 		errs = append(errs, err)
 	}
-	// Sysctls and routes are planned against the links observed before
-	// this sync, so what names a link this sync creates is re-planned after
-	// the links.
 	if !p.Link.Empty() {
 		_, err := link.Apply(ctx, c.Host, p.Link)
 		errs = append(errs, err)
+	}
+	if !p.WG.Empty() {
+		_, err := wg.Apply(ctx, c.WG(), p.WG)
+		errs = append(errs, err)
+	}
+	// Sysctls and routes are planned against the links observed before
+	// this sync, so what names a link or device this sync creates is
+	// re-planned after them.
+	if !p.Link.Empty() || p.WG.Writes() {
 		if o, err := sysctl.Observe(ctx, c.Host, d.Sysctl); err != nil {
 			errs = append(errs, fmt.Errorf("sysctls: %w", err))
 			p.Sysctl = sysctl.Plan{}
@@ -190,6 +229,10 @@ func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, err
 	errs := []error{err}
 	if !p.Route.Empty() {
 		_, err := route.Apply(ctx, c.Host, p.Route)
+		errs = append(errs, err)
+	}
+	if !p.WG.Empty() {
+		_, err := wg.Apply(ctx, c.WG(), p.WG)
 		errs = append(errs, err)
 	}
 	if !p.Link.Empty() {

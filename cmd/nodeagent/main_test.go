@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/nodeagent/nodeagent/testenv"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 func TestValidateExitCodes(t *testing.T) {
@@ -110,5 +111,78 @@ func TestManPageCoversUsage(t *testing.T) {
 		if !strings.Contains(page, word) {
 			t.Errorf("man page lacks %q, which --help names", word)
 		}
+	}
+}
+
+// TestApplyOnceWireGuard runs the real binary on a WireGuard config: a
+// world-readable key is refused before anything changes; where the kernel
+// has WireGuard (the VM tier) apply --once creates the device and its peer,
+// and a second apply logs zero netlink and zero WireGuard writes; where it
+// has none, apply --once refuses the whole config, because the userspace
+// implementation needs the long-running daemon to host it.
+func TestApplyOnceWireGuard(t *testing.T) {
+	node := testenv.NewNetNS(t)
+	bin := binary(t)
+	dir := t.TempDir()
+	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(dir, "nodeagent.conf"))
+	k, _ := wgtypes.GeneratePrivateKey()
+	peer, _ := wgtypes.GeneratePrivateKey()
+	key := filepath.Join(dir, "wg0.key")
+	os.WriteFile(key, []byte(k.String()+"\n"), 0o644)
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	os.WriteFile(cfg, []byte(fmt.Sprintf("wireguard:\n  - name: wg0\n    privateKeyFile: %s\n    listenPort: 51820\n    addresses: [10.90.0.1/24]\n    peers:\n      - {name: laptop, publicKey: %s, allowedIPs: [10.90.0.2/32]}\n", key, peer.PublicKey())), 0o600)
+	var outputs []string
+	defer func() {
+		for _, o := range outputs {
+			if strings.Contains(o, k.String()) {
+				t.Errorf("the private key appears in nodeagent's output:\n%s", o)
+			}
+		}
+	}()
+	try := func(args ...string) (string, error) {
+		out, err := node.TryExec(append([]string{bin}, args...)...)
+		outputs = append(outputs, out)
+		return out, err
+	}
+	out, err := try("apply", "--once", "-c", cfg)
+	if err == nil || !strings.Contains(out, key+" is readable by group or others (mode 0644); chmod 600 it") {
+		t.Fatalf("world-readable key: want refusal, got %v:\n%s", err, out)
+	}
+	if out, err := node.TryExec("ip", "link", "show", "wg0"); err == nil {
+		t.Fatalf("wg0 exists after a refused apply:\n%s", out)
+	}
+	os.Chmod(key, 0o600)
+
+	if !testenv.HasModule("wireguard") {
+		out, err := try("apply", "--once", "-c", cfg)
+		if err == nil || !strings.Contains(out, "wireguard wg0: the kernel has no WireGuard") || !strings.Contains(out, "nothing applied") {
+			t.Fatalf("no kernel WireGuard: want the whole apply refused, got %v:\n%s", err, out)
+		}
+		if out, err := node.TryExec("ip", "link", "show", "wg0"); err == nil {
+			t.Fatalf("wg0 exists after a refused apply:\n%s", out)
+		}
+		t.Log("kernel has no wireguard: the kernel path of this test runs in the VM tier")
+		return
+	}
+	out, err = try("plan", "-c", cfg)
+	if err != nil || !strings.Contains(out, "+ wireguard wg0 (kernel, public key "+k.PublicKey().String()) {
+		t.Fatalf("plan: %v\n%s", err, out)
+	}
+	if out, err := try("apply", "--once", "-c", cfg); err != nil {
+		t.Fatalf("apply: %v\n%s", err, out)
+	}
+	show := node.Exec(t, "wg", "show", "wg0")
+	if !strings.Contains(show, "peer: "+peer.PublicKey().String()) || !strings.Contains(show, "listening port: 51820") {
+		t.Fatalf("wg show wg0:\n%s", show)
+	}
+	out, err = try("apply", "--once", "-c", cfg)
+	if err != nil || !strings.Contains(out, "no changes") || !strings.Contains(out, "netlinkWrites=0 wireguardWrites=0") {
+		t.Fatalf("second apply: want no changes and zero writes, got %v:\n%s", err, out)
+	}
+	if out, err := try("teardown"); err != nil || !strings.Contains(out, "- wireguard wg0 (kernel)") {
+		t.Fatalf("teardown: %v\n%s", err, out)
+	}
+	if out, err := node.TryExec("ip", "link", "show", "wg0"); err == nil {
+		t.Fatalf("wg0 after teardown:\n%s", out)
 	}
 }
