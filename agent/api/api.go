@@ -1,0 +1,185 @@
+// Package api is the local API of the nodeagent daemon: the JSON types it
+// serves on its unix socket (/run/nodeagent/nodeagent.sock) and a typed
+// client for them. It is a leaf package, shared by the daemon, nodeagentctl
+// and tests, and imports nothing of nodeagent's.
+//
+// Endpoints (HTTP over the unix socket; reads for root and the nodeagent
+// group, writes for root only; requests carrying Origin or Referer are
+// refused, so a browser cannot be made to call it):
+//
+//	GET  /v1/status   Status
+//	GET  /v1/plan     Plan: what a sync would change now
+//	POST /v1/reload   Reload: re-read the config (root only)
+//	GET  /v1/peers    []WireGuardDevice
+//	GET  /healthz     200 while the reconcile loop runs
+//	GET  /readyz      200 once the first full convergence is done and the node is not degraded
+package api
+
+import "time"
+
+// DefaultSocket is where the daemon listens.
+const DefaultSocket = "/run/nodeagent/nodeagent.sock"
+
+// Condition status values, as in Kubernetes.
+const (
+	True    = "True"
+	False   = "False"
+	Unknown = "Unknown"
+)
+
+// Condition types the daemon reports.
+const (
+	// Ready: the first full convergence is done and nothing failed in the
+	// last sync (pending objects do not count).
+	CondReady = "Ready"
+	// Converged: the last sync planned and applied without failures.
+	CondConverged = "Converged"
+	// ConfigLoaded: the running config is the file's current content; False
+	// after a rejected reload (the previous config keeps running).
+	CondConfigLoaded = "ConfigLoaded"
+	// KillSwitchArmed: every configured kill switch is in the kernel.
+	CondKillSwitchArmed = "KillSwitchArmed"
+	// SafeApply: False after a change was rolled back because a probe that
+	// passed before it failed after it.
+	CondSafeApply = "SafeApply"
+	// ARPReachable: every checks.arpReachable address answered ARP.
+	CondARPReachable = "ARPReachable"
+)
+
+// Condition is one aspect of the node's state, Kubernetes-style.
+type Condition struct {
+	Type               string    `json:"type"`
+	Status             string    `json:"status"`
+	Reason             string    `json:"reason,omitempty"`
+	Message            string    `json:"message,omitempty"`
+	LastTransitionTime time.Time `json:"lastTransitionTime"`
+}
+
+// Object is one kernel object that is not converged.
+type Object struct {
+	Subsystem string `json:"subsystem"` // links, wireguard, routes, nftables, sysctls
+	Message   string `json:"message"`
+}
+
+// Subsystem summarises one subsystem.
+type Subsystem struct {
+	Name string `json:"name"`
+	// Changes is how many changes the last sync made.
+	Changes int `json:"changes"`
+	// Error is the subsystem's failure in the last sync, "" when none.
+	Error string `json:"error,omitempty"`
+}
+
+// Sync describes the last sync.
+type Sync struct {
+	Time       time.Time `json:"time"`
+	DurationMS float64   `json:"durationMs"`
+	Trigger    string    `json:"trigger"` // start, config, signal, event, resync, retry, api
+	Changes    int       `json:"changes"`
+	Count      int64     `json:"count"` // syncs since start
+}
+
+// Rejected is a config that failed validation and was not applied.
+type Rejected struct {
+	Time time.Time `json:"time"`
+	File string    `json:"file"`
+	// Errors are the validation errors, each "file:line: field: reason".
+	Errors []string `json:"errors"`
+}
+
+// Rollback is a change that safe apply undid.
+type Rollback struct {
+	Time time.Time `json:"time"`
+	// Probe names the probe that passed before the change and failed after.
+	Probe string `json:"probe"`
+	// Message says how it failed.
+	Message string `json:"message"`
+	// ConfigHash identifies the config that is not retried until it changes.
+	ConfigHash string `json:"configHash"`
+}
+
+// Status is what GET /v1/status returns and `nodeagentctl status -o json`
+// prints.
+type Status struct {
+	Version    string      `json:"version"`
+	Node       string      `json:"node"`
+	ConfigFile string      `json:"configFile"`
+	ConfigHash string      `json:"configHash"`
+	Started    time.Time   `json:"started"`
+	Ready      bool        `json:"ready"`
+	Degraded   bool        `json:"degraded"`
+	Conditions []Condition `json:"conditions"`
+	LastSync   *Sync       `json:"lastSync,omitempty"`
+	Subsystems []Subsystem `json:"subsystems"`
+	Pending    []Object    `json:"pending"`
+	Failed     []Object    `json:"failed"`
+	// WireGuard is every configured WireGuard device with its peers.
+	WireGuard []WireGuardDevice `json:"wireguard"`
+	// LastRejected is the last config reload that failed validation.
+	LastRejected *Rejected `json:"lastRejected,omitempty"`
+	// LastRollback is the last change safe apply rolled back.
+	LastRollback *Rollback `json:"lastRollback,omitempty"`
+}
+
+// Condition returns the condition of the given type, or nil.
+func (s *Status) Condition(typ string) *Condition {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type == typ {
+			return &s.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// WireGuardDevice is one WireGuard interface. It carries public keys only.
+type WireGuardDevice struct {
+	Name string `json:"name"`
+	// Implementation is kernel or userspace; "" when the device does not
+	// exist (see Problems).
+	Implementation string          `json:"implementation"`
+	PublicKey      string          `json:"publicKey,omitempty"`
+	ListenPort     int             `json:"listenPort,omitempty"`
+	Peers          []WireGuardPeer `json:"peers"`
+	// LivePeers counts peers with an endpoint and a handshake younger than
+	// 3 minutes.
+	LivePeers int      `json:"livePeers"`
+	Problems  []string `json:"problems,omitempty"`
+}
+
+// WireGuardPeer is one peer of a device.
+type WireGuardPeer struct {
+	PublicKey     string     `json:"publicKey"`
+	Name          string     `json:"name,omitempty"`
+	Endpoint      string     `json:"endpoint,omitempty"`
+	LastHandshake *time.Time `json:"lastHandshake,omitempty"`
+	// HandshakeAgeSeconds is -1 for a peer that never completed one.
+	HandshakeAgeSeconds int64    `json:"handshakeAgeSeconds"`
+	RxBytes             int64    `json:"rxBytes"`
+	TxBytes             int64    `json:"txBytes"`
+	AllowedIPs          []string `json:"allowedIPs"`
+	Live                bool     `json:"live"`
+}
+
+// Plan is what GET /v1/plan returns: the dry run of a sync now.
+type Plan struct {
+	// Lines are the plan's lines (+ add, ~ change, - remove, ! cannot).
+	Lines []string `json:"lines"`
+	// Error is what could not be planned, "" when everything was.
+	Error string `json:"error,omitempty"`
+}
+
+// Reload is what POST /v1/reload returns.
+type Reload struct {
+	// Applied reports whether the new config was accepted; a rejected one
+	// leaves the running config in place.
+	Applied bool `json:"applied"`
+	// Errors are the validation errors of a rejected config.
+	Errors []string `json:"errors,omitempty"`
+	// ConfigHash is the running config's hash after the reload.
+	ConfigHash string `json:"configHash"`
+}
+
+// Error is the body of every non-2xx reply.
+type Error struct {
+	Error string `json:"error"`
+}
