@@ -213,3 +213,27 @@ func (c *Conn) Announce(ctx context.Context, ips []netip.Addr, cfg Config) error
 	}
 	return nil
 }
+
+// Resolve asks for target's hardware address from sender (an address of
+// this link), up to attempts times, waiting wait for a reply after each,
+// and returns the first answer.
+func (c *Conn) Resolve(ctx context.Context, sender, target netip.Addr, attempts int, wait time.Duration) (net.HardwareAddr, error) {
+	want := map[netip.Addr]bool{target: true}
+	for i := 0; i < max(attempts, 1); i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := c.send(arp.OperationRequest, sender, target); err != nil {
+			return nil, fmt.Errorf("arp request for %s on %s: %w", target, c.link, err)
+		}
+		found := map[netip.Addr]net.HardwareAddr{}
+		c.pc.SetReadDeadline(time.Now().Add(wait))
+		if err := c.listen(want, found, nil); err != nil {
+			return nil, err
+		}
+		if mac, ok := found[target]; ok {
+			return mac, nil
+		}
+	}
+	return nil, fmt.Errorf("no ARP reply from %s on %s", target, c.link)
+}

@@ -12,8 +12,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"gopkg.in/yaml.v3"
@@ -157,26 +160,53 @@ func LoadRegister(dir string, opts Options) Register {
 		}
 		return Register{Unreadable: true, Errors: []error{ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
 	}
-	var reg Register
-	taken := newClaims()
+	// Files are read and parsed in parallel (a register of thousands of
+	// peers is mostly open, read and YAML parsing), then claimed in name
+	// order, so which of two clashing files wins does not depend on timing.
+	type loaded struct {
+		p      RegisterPeer
+		errs   ErrorList
+		ignore bool
+	}
+	var files []string
+	var formats []string
 	for _, e := range entries {
 		format := registerFormat(e.Name())
 		if format == "" || e.IsDir() {
 			continue
 		}
-		file := filepath.Join(dir, e.Name())
-		p, errs, ignore := loadPeerFile(file, format, opts)
-		if ignore {
+		files = append(files, filepath.Join(dir, e.Name()))
+		formats = append(formats, format)
+	}
+	out := make([]loaded, len(files))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(files)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
+				p, errs, ignore := loadPeerFile(files[i], formats[i], opts)
+				out[i] = loaded{p, errs, ignore}
+			}
+		}()
+	}
+	wg.Wait()
+	var reg Register
+	taken := newClaims()
+	for _, l := range out {
+		if l.ignore {
 			continue
 		}
+		errs := l.errs
 		if len(errs) == 0 {
-			errs = taken.claim(p)
+			errs = taken.claim(l.p)
 		}
 		if len(errs) > 0 {
 			reg.Errors = append(reg.Errors, errs.sorted())
 			continue
 		}
-		reg.Peers = append(reg.Peers, p)
+		reg.Peers = append(reg.Peers, l.p)
 	}
 	return reg
 }

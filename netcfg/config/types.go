@@ -198,10 +198,35 @@ type ConditionalLabel struct {
 	When  string `yaml:"when"`
 }
 
-// Checks are probes the node must pass.
+// Checks are probes the node must pass. The daemon runs them every resync
+// and reports them as conditions, and safe apply runs them around every
+// change that touches links, routes, rules, nftables or WireGuard devices:
+// a probe that passed before a change and fails after it rolls the change
+// back.
 type Checks struct {
+	// ARPReachable are IPv4 addresses the node must resolve by ARP (the
+	// VIPs it announces, say).
 	ARPReachable []string `yaml:"arpReachable"`
+	// APIServer is host:port of the Kubernetes API server, probed with a
+	// TCP connect. Default: the server of kubernetes.kubeconfig, if it can
+	// be read.
+	APIServer string `yaml:"apiServer"`
+	// GatewayARP probes the main table's IPv4 default gateway by ARP
+	// (default true).
+	GatewayARP *bool `yaml:"gatewayARP"`
+	// SafeApply turns the probe-and-roll-back around changes on or off
+	// (default true).
+	SafeApply *bool `yaml:"safeApply"`
+	// ProbeDeadline is how long a probe may take to pass again after a
+	// change before the change is rolled back (default 10s).
+	ProbeDeadline time.Duration `yaml:"probeDeadline"`
 }
+
+// SafeApplyOn reports whether safe apply is on.
+func (c Checks) SafeApplyOn() bool { return upOrDefault(c.SafeApply) }
+
+// GatewayARPOn reports whether the default gateway is probed.
+func (c Checks) GatewayARPOn() bool { return upOrDefault(c.GatewayARP) }
 
 // UpOrDefault reports whether the link should be administratively up.
 func upOrDefault(p *bool) bool { return p == nil || *p }

@@ -779,6 +779,12 @@ func hasKey[V any](m map[string]V, k string) bool {
 }
 
 func (v *validator) checks(c Checks) {
+	if c.APIServer != "" {
+		v.check("checks.apiServer", checkEndpoint(c.APIServer))
+	}
+	if c.ProbeDeadline != 0 && (c.ProbeDeadline < 100*time.Millisecond || c.ProbeDeadline > 5*time.Minute) {
+		v.errorf("checks.probeDeadline", "%s is outside 100ms-5m", c.ProbeDeadline)
+	}
 	seen := map[netip.Addr]string{}
 	for i, s := range c.ARPReachable {
 		p := indexPath("checks.arpReachable", i)
