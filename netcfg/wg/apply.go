@@ -162,7 +162,7 @@ func skipRest(errs []error, ops []Op, failed Op, err error) error {
 // ReplaceAllowedIPs and removes of absent peers are no-ops, so writing an op
 // twice is harmless.
 func configure(h *Handle, name string, cfg wgtypes.Config, ops []Op) error {
-	err := h.configure(name, cfg)
+	err := writeChunked(h, name, cfg)
 	if err == nil || len(ops) == 1 {
 		if err != nil {
 			return fmt.Errorf("%s: %w", ops[0].Object(), err)
@@ -185,6 +185,41 @@ func configure(h *Handle, name string, cfg wgtypes.Config, ops []Op) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Chunk limits for one wgctrl call: wgctrl sends a config of more than 32
+// peers or 256 allowed IPs as one netlink message per peer (5000 round
+// trips for 5000 peers, where wg(8) packs a message full); at or under
+// them it sends one message. So the peers go in chunks that stay under both.
+const (
+	chunkPeers = 32
+	chunkIPs   = 256
+)
+
+// writeChunked writes cfg in as few wgctrl calls as wgctrl will send as one
+// message each; the device settings go with the first.
+func writeChunked(h *Handle, name string, cfg wgtypes.Config) error {
+	if len(cfg.Peers) <= chunkPeers {
+		return h.configure(name, cfg)
+	}
+	peers := cfg.Peers
+	chunk := cfg
+	chunk.Peers = nil
+	ips := 0
+	for i, p := range peers {
+		chunk.Peers = append(chunk.Peers, p)
+		ips += len(p.AllowedIPs)
+		last := i == len(peers)-1
+		if !last && len(chunk.Peers) < chunkPeers && ips+len(peers[i+1].AllowedIPs) <= chunkIPs {
+			continue
+		}
+		if err := h.configure(name, chunk); err != nil {
+			return err
+		}
+		chunk = wgtypes.Config{}
+		ips = 0
+	}
+	return nil
 }
 
 func setDevice(cfg *wgtypes.Config, d Device, changes []string) {

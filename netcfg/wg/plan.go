@@ -1,6 +1,7 @@
 package wg
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -146,7 +147,7 @@ func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 	for _, p := range d.Peers {
 		want[p.PublicKey] = true
 	}
-	for _, k := range slices.SortedFunc(maps.Keys(od.Peers), func(a, b wgtypes.Key) int { return strings.Compare(a.String(), b.String()) }) {
+	for _, k := range slices.SortedFunc(maps.Keys(od.Peers), func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) }) {
 		if !want[k] && !d.KeepPeers {
 			ops = append(ops, Op{Kind: OpRemovePeer, Device: d.Name, PeerID: k})
 		}
