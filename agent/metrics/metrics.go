@@ -1,0 +1,345 @@
+// Package metrics is nodeagent's Prometheus instrumentation: syncs, drift
+// repairs, rollbacks, WireGuard peers, the tunnel, the kill switch and the
+// forwarded port. Everything lives on the Metrics' own registry, never the
+// global default one, so several agents (tests) can run in one process and
+// nothing a library registers globally leaks into the scrape.
+//
+// The listener is off unless the daemon is given an address; see Serve.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const namespace = "nodeagent"
+
+// Drift kinds for DriftRepaired: the kinds of kernel object a sync can find
+// changed or removed behind nodeagent's back and restore.
+const (
+	DriftLink          = "link"
+	DriftAddress       = "address"
+	DriftRoute         = "route"
+	DriftRule          = "rule"
+	DriftNftables      = "nftables"
+	DriftWireGuardPeer = "wireguard_peer"
+	DriftSysctl        = "sysctl"
+)
+
+// Metrics holds every nodeagent metric. Create it with New; its methods are
+// safe for concurrent use.
+type Metrics struct {
+	// Registry holds nodeagent's metrics plus the Go runtime and process
+	// collectors (the memory target in DESIGN §8 is watched through them).
+	Registry *prometheus.Registry
+
+	syncs         *prometheus.CounterVec
+	syncDuration  prometheus.Histogram
+	syncErrors    *prometheus.CounterVec
+	driftRepairs  *prometheus.CounterVec
+	rollbacks     *prometheus.CounterVec
+	tunnelHealthy *prometheus.GaugeVec
+	forwardedPort *prometheus.GaugeVec
+	ready         prometheus.Gauge
+
+	// killSwitchDrops is the last value read from the kernel's named nft
+	// counter; a CounterFunc exports it as is.
+	killSwitchDrops atomic.Uint64
+
+	wg *wireGuardCollector
+}
+
+// New returns a Metrics with every metric registered on a fresh registry.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "syncs_total",
+			Help: "Syncs (observe, plan, apply, observe) run, by what triggered them.",
+		}, []string{"trigger"}),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "sync_duration_seconds",
+			Help: "How long a sync took.",
+			// A no-op sync is ~2 ms (DESIGN §8); a cold converge of a
+			// thousand objects or a slow safe-apply probe takes seconds.
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		syncErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "sync_errors_total",
+			Help: "Syncs in which a subsystem failed, by subsystem.",
+		}, []string{"subsystem"}),
+		driftRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "drift_repairs_total",
+			Help: "Owned kernel objects restored after something else changed or removed them, by kind.",
+		}, []string{"kind"}),
+		rollbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "rollbacks_total",
+			Help: "Changes safe apply rolled back, by the probe that failed after them.",
+		}, []string{"probe"}),
+		tunnelHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "tunnel_healthy",
+			Help: "Whether the tunnel on a WireGuard device is healthy (handshake under 180 s): 1 or 0.",
+		}, []string{"device"}),
+		forwardedPort: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "forwarded_port",
+			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
+		}, []string{"device"}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "ready",
+			Help: "Whether the node is ready (first full convergence done, nothing failed): 1 or 0.",
+		}),
+		wg: newWireGuardCollector(time.Now),
+	}
+	// The known label values start at 0, so rate() and increase() work from
+	// the first scrape rather than from the first sync of each kind. The
+	// triggers are api.Sync.Trigger's.
+	for _, t := range []string{"start", "config", "signal", "event", "resync", "retry", "api"} {
+		m.syncs.WithLabelValues(t)
+	}
+	for _, k := range []string{DriftLink, DriftAddress, DriftRoute, DriftRule, DriftNftables, DriftWireGuardPeer, DriftSysctl} {
+		m.driftRepairs.WithLabelValues(k)
+	}
+	killSwitchDrops := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: namespace, Name: "killswitch_drops_total",
+		Help: "Packets the kill switch dropped, from nodeagent's named nftables counter.",
+	}, func() float64 { return float64(m.killSwitchDrops.Load()) })
+
+	m.Registry.MustRegister(
+		m.syncs, m.syncDuration, m.syncErrors, m.driftRepairs, m.rollbacks,
+		m.tunnelHealthy, m.forwardedPort, m.ready, killSwitchDrops, m.wg,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// SyncDone records a finished sync: what triggered it, how long it took and
+// which subsystems failed in it (none for a clean sync).
+func (m *Metrics) SyncDone(trigger string, d time.Duration, failedSubsystems []string) {
+	m.syncs.WithLabelValues(trigger).Inc()
+	m.syncDuration.Observe(d.Seconds())
+	for _, s := range failedSubsystems {
+		m.syncErrors.WithLabelValues(s).Inc()
+	}
+}
+
+// DriftRepaired records n repaired objects of a kind (one of the Drift
+// constants).
+func (m *Metrics) DriftRepaired(kind string, n int) {
+	if n <= 0 {
+		return
+	}
+	m.driftRepairs.WithLabelValues(kind).Add(float64(n))
+}
+
+// RolledBack records a change safe apply undid because probe failed after it.
+func (m *Metrics) RolledBack(probe string) {
+	m.rollbacks.WithLabelValues(probe).Inc()
+}
+
+// SetWireGuard replaces the WireGuard series with devs, every configured
+// device with its peers: a peer or device that is no longer in devs loses its
+// series at once. Handshake ages are computed at scrape time from
+// LastHandshake, so they keep growing between syncs as they do in the kernel.
+func (m *Metrics) SetWireGuard(devs []api.WireGuardDevice) {
+	m.wg.set(devs)
+}
+
+// SetTunnelHealthy sets whether the tunnel on device is healthy.
+func (m *Metrics) SetTunnelHealthy(device string, healthy bool) {
+	m.tunnelHealthy.WithLabelValues(device).Set(boolFloat(healthy))
+}
+
+// SetKillSwitchDrops sets the kill switch's drop count as last read from the
+// kernel. The kernel owns the counter; this only mirrors it, so a recreated
+// table (counter back to 0) shows as an ordinary counter reset.
+func (m *Metrics) SetKillSwitchDrops(n uint64) {
+	m.killSwitchDrops.Store(n)
+}
+
+// SetForwardedPort sets the port forwarded to device; port 0 (the
+// forwarding lapsed or was turned off) removes the series rather than
+// exporting a port nobody can use.
+func (m *Metrics) SetForwardedPort(device string, port int) {
+	if port <= 0 {
+		m.forwardedPort.DeleteLabelValues(device)
+		return
+	}
+	m.forwardedPort.WithLabelValues(device).Set(float64(port))
+}
+
+// SetReady sets whether the node is ready.
+func (m *Metrics) SetReady(ready bool) {
+	m.ready.Set(boolFloat(ready))
+}
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
+		// A failing collector (say /proc unreadable) should cost its own
+		// series, not the whole scrape.
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: 4,
+		Timeout:             10 * time.Second,
+	})
+}
+
+// Serve serves /metrics on addr (e.g. "127.0.0.1:9477") until ctx ends. The
+// daemon only calls it when given an address: the metrics are read-only and
+// secret-free (peers are named by public key), but a listener is still
+// something an operator should choose to open.
+func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listener %s: %w", addr, err)
+	}
+	return m.ServeListener(ctx, l, log)
+}
+
+// ServeListener is Serve on a listener the caller opened; it closes l.
+func (m *Metrics) ServeListener(ctx context.Context, l net.Listener, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    8 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	log.Info("serving metrics", "addr", l.Addr().String())
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("metrics listener %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics listener %s: %w", l.Addr(), err)
+	}
+	return nil
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// wireGuardCollector exports the last SetWireGuard snapshot as const
+// metrics. Replacing the snapshot whole (rather than Reset-and-refill a
+// GaugeVec) means a scrape never sees a half-updated set, and peers or
+// devices that went away simply stop being emitted.
+type wireGuardCollector struct {
+	now func() time.Time
+
+	handshakeAge *prometheus.Desc
+	peers        *prometheus.Desc
+	livePeers    *prometheus.Desc
+
+	mu sync.Mutex
+	// devs is the last snapshot, reduced to what the metrics need.
+	devs []wgDevice
+}
+
+type wgDevice struct {
+	name      string
+	peers     int
+	livePeers int
+	handshake []wgHandshake
+}
+
+type wgHandshake struct {
+	peer string
+	// at is the last handshake; when only an age was given, at is derived
+	// from it at set time so the age still grows until the next snapshot.
+	at time.Time
+}
+
+func newWireGuardCollector(now func() time.Time) *wireGuardCollector {
+	return &wireGuardCollector{
+		now: now,
+		handshakeAge: prometheus.NewDesc(namespace+"_wireguard_peer_handshake_age_seconds",
+			"Seconds since the peer's last completed handshake; peers that never completed one are omitted.",
+			[]string{"device", "peer"}, nil),
+		peers: prometheus.NewDesc(namespace+"_wireguard_peers",
+			"Peers configured on the WireGuard device.",
+			[]string{"device"}, nil),
+		livePeers: prometheus.NewDesc(namespace+"_wireguard_live_peers",
+			"Peers with an endpoint and a handshake younger than 3 minutes.",
+			[]string{"device"}, nil),
+	}
+}
+
+func (c *wireGuardCollector) set(devs []api.WireGuardDevice) {
+	now := c.now()
+	snap := make([]wgDevice, 0, len(devs))
+	for _, d := range devs {
+		sd := wgDevice{name: d.Name, peers: len(d.Peers), livePeers: d.LivePeers}
+		for _, p := range d.Peers {
+			var at time.Time
+			switch {
+			case p.LastHandshake != nil && !p.LastHandshake.IsZero():
+				at = *p.LastHandshake
+			case p.HandshakeAgeSeconds >= 0 && p.LastHandshake == nil:
+				at = now.Add(-time.Duration(p.HandshakeAgeSeconds) * time.Second)
+			default:
+				continue // never handshook: no age to report
+			}
+			sd.handshake = append(sd.handshake, wgHandshake{peer: p.PublicKey, at: at})
+		}
+		snap = append(snap, sd)
+	}
+	c.mu.Lock()
+	c.devs = snap
+	c.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (c *wireGuardCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.handshakeAge
+	ch <- c.peers
+	ch <- c.livePeers
+}
+
+// Collect implements prometheus.Collector.
+func (c *wireGuardCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	devs := c.devs
+	c.mu.Unlock()
+	// devs is never modified after set, so it is read without the lock.
+	now := c.now()
+	for _, d := range devs {
+		ch <- prometheus.MustNewConstMetric(c.peers, prometheus.GaugeValue, float64(d.peers), d.name)
+		ch <- prometheus.MustNewConstMetric(c.livePeers, prometheus.GaugeValue, float64(d.livePeers), d.name)
+		for _, h := range d.handshake {
+			age := max(now.Sub(h.at).Seconds(), 0) // a clock step must not export a negative age
+			ch <- prometheus.MustNewConstMetric(c.handshakeAge, prometheus.GaugeValue, age, d.name, h.peer)
+		}
+	}
+}
