@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nodeagent/nodeagent/agent"
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/testenv"
+)
+
+// asCtl makes the test binary act as nodeagentctl, so it can run as
+// another user.
+const asCtl = "NODEAGENTCTL_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asCtl) == "1" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+// TestAgainstTheDaemon runs nodeagentctl against a real daemon converging a
+// namespace: status exits 0 when ready, 1 when degraded (a rejected
+// reload), 2 when the daemon is gone; -o json decodes into the API type the
+// daemon serves; a caller that is not root (nobody, in the socket's group)
+// reads status but is refused reload with 403.
+func TestAgainstTheDaemon(t *testing.T) {
+	node := testenv.NewNetNS(t)
+	peer := testenv.NewNetNS(t)
+	node.Veth(t, "enp1s0", peer, "eth0")
+	// Under /tmp itself, not t.TempDir (whose parent is 0700): nobody must
+	// reach the socket and the binary.
+	dir, err := os.MkdirTemp("", "nodeagentctl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	good := "dad: {disabled: true}\nmacvlans:\n  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}\nfirewall:\n  masquerade: [{from: 10.10.50.0/24, out: enp1s0}]\n"
+	os.WriteFile(cfg, []byte(good), 0o644)
+	socket := filepath.Join(dir, "nodeagent.sock")
+	var d *agent.Daemon
+	d, err = agent.NewDaemon(agent.RunOptions{
+		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")},
+		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	ctl := func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		c := &cli{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }, now: time.Now, poll: 20 * time.Millisecond}
+		code := c.run(context.Background(), append([]string{"--socket", socket}, args...))
+		return code, out.String() + errb.String()
+	}
+	if code, out := ctl("wait", "--for=ready", "--timeout=30s"); code != 0 {
+		t.Fatalf("wait --for=ready: exit %d\n%s", code, out)
+	}
+	code, out := ctl("status")
+	if code != 0 || !strings.Contains(out, "ready") {
+		t.Errorf("status when ready: exit %d\n%s", code, out)
+	}
+	// -o json is the API struct, exactly.
+	var got api.Status
+	for i := 0; i < 3; i++ {
+		code, out = ctl("status", "-o", "json")
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("status -o json (exit %d) does not decode: %v\n%s", code, err, out)
+		}
+		want := d.Status()
+		roundTrip, _ := json.Marshal(want)
+		var w api.Status
+		json.Unmarshal(roundTrip, &w)
+		if diff := cmp.Diff(w, got); diff == "" {
+			break
+		} else if i == 2 {
+			t.Errorf("status -o json differs from the daemon's status (-daemon +ctl):\n%s", diff)
+		}
+	}
+	// nobody, in the socket's group: reads work, reload is refused.
+	self, _ := os.Executable()
+	bin := filepath.Join(dir, "nodeagentctl")
+	b, _ := os.ReadFile(self)
+	os.WriteFile(bin, b, 0o755)
+	asNobody := func(args ...string) (int, string) {
+		cmd := exec.Command(bin, append([]string{"--socket", socket}, args...)...)
+		cmd.Env = append(os.Environ(), asCtl+"=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), string(out)
+		} else if err != nil {
+			t.Fatalf("run as nobody: %v", err)
+		}
+		return 0, string(out)
+	}
+	if code, out := asNobody("status"); code != 0 {
+		t.Errorf("status as nobody: exit %d\n%s", code, out)
+	}
+	if code, out := asNobody("reload"); code != 1 || !strings.Contains(out, "403") || !strings.Contains(out, "reload needs root") {
+		t.Errorf("reload as nobody: exit %d, want 1 and a 403\n%s", code, out)
+	}
+	// Degraded: a broken config is rejected, the daemon keeps running.
+	os.WriteFile(cfg, []byte(strings.Replace(good, "10.10.50.3/24", "10.10.50.300/24", 1)), 0o644)
+	code, out = ctl("reload")
+	if code != 1 || !strings.Contains(out, cfg+":3:") {
+		t.Errorf("reload of a broken config: exit %d, want 1 naming %s:3\n%s", code, cfg, out)
+	}
+	if code, out := ctl("status"); code != 1 || !strings.Contains(out, "degraded") {
+		t.Errorf("status when degraded: exit %d\n%s", code, out)
+	}
+	if code, out := ctl("wait", "--for=condition/ConfigLoaded", "--timeout=300ms"); code != 1 || !strings.Contains(out, "timed out") {
+		t.Errorf("wait for a condition that does not come: exit %d\n%s", code, out)
+	}
+	os.WriteFile(cfg, []byte(good), 0o644)
+	if code, out := ctl("reload"); code != 0 {
+		t.Errorf("reload of the fixed config: exit %d\n%s", code, out)
+	}
+	if code, out := ctl("status"); code != 0 {
+		t.Errorf("status after the fix: exit %d\n%s", code, out)
+	}
+	// Unreachable.
+	cancel()
+	<-done
+	done <- nil
+	if code, out := ctl("status"); code != 2 || !strings.Contains(out, "cannot reach nodeagent") {
+		t.Errorf("status with the daemon gone: exit %d\n%s", code, out)
+	}
+}

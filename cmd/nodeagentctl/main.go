@@ -1,0 +1,316 @@
+// Command nodeagentctl asks the local nodeagent daemon, over its unix
+// socket, what state the node is in, what a sync would change, and to
+// reload its config; `wait` blocks a boot step until the node's networking
+// has converged. It only parses flags and prints; the client is agent/api.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/spf13/pflag"
+)
+
+var version = "dev" // set with -ldflags "-X main.version=..."
+
+// Exit codes.
+const (
+	exitOK = 0
+	// exitFailure: the daemon answered, and the answer is no (not ready,
+	// degraded, rejected, refused), or wait timed out.
+	exitFailure = 1
+	// exitUnreachable: there was no answer, so a script can tell "the
+	// daemon is down" from "the node is not ready".
+	exitUnreachable = 2
+	exitUsage       = 2
+)
+
+// defaultTimeout is how long wait waits without --timeout.
+const defaultTimeout = 5 * time.Minute
+
+// pollInterval is how often wait asks the daemon.
+const pollInterval = 250 * time.Millisecond
+
+const usage = `nodeagentctl talks to the local nodeagent daemon over its unix socket.
+
+Usage:
+  nodeagentctl status [-o table|json]   the node's state: readiness, conditions, subsystems, WireGuard
+                                        devices and peers, pending and failed objects, the last rejected
+                                        reload and the last rollback
+  nodeagentctl plan                     what a sync would change now (+ add, ~ change, - remove, ! cannot)
+  nodeagentctl reload                   re-read the config (root only); a rejected config is not applied
+                                        and the running one stays
+  nodeagentctl peers [-o table|json]    WireGuard devices and their peers
+  nodeagentctl wait [--for=COND] [--timeout=DUR]
+                                        poll every 250ms until COND holds; COND is ready (the default:
+                                        what status exits 0 for) or condition/NAME[=STATUS], STATUS
+                                        True (the default), False or Unknown
+  nodeagentctl completion bash|zsh      print a shell completion script
+  nodeagentctl version                  print the version
+
+Flags (accepted before or after the command):
+      --socket PATH     the daemon's socket (default ` + api.DefaultSocket + `;
+                        env NODEAGENT_SOCKET)
+  -o, --output FORMAT   with status and peers: table (default) or json (the API's JSON)
+      --for COND        with wait: what to wait for (default ready)
+      --timeout DUR     with wait: give up after DUR, e.g. 90s or 2m (default 5m; must be > 0)
+  -h, --help            this help
+
+wait fails closed. While the socket is missing or refuses connections it keeps
+polling, because at boot the daemon may start after the unit that waits for it;
+if --timeout passes before COND holds, it exits 1 with the last reason seen. So
+a unit with ExecStartPre=nodeagentctl wait --for=ready --timeout=2m does not
+start on a node whose networking never converged. To start it anyway, say so:
+ExecStartPre=-nodeagentctl ... (systemd ignores the failure).
+
+Exit status:
+  status      0 ready and not degraded, 1 not ready or degraded, 2 daemon unreachable
+  wait        0 COND holds, 1 timed out, interrupted or refused (a 4xx reply); an unreachable
+              daemon is waited for, not reported
+  plan, peers 0 success, 1 failure (plan: something could not be planned), 2 daemon unreachable
+  reload      0 reloaded, 1 config rejected or reload refused (not root), 2 daemon unreachable
+  any         2 usage error
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c := &cli{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, now: time.Now, poll: pollInterval}
+	os.Exit(c.run(ctx, os.Args[1:]))
+}
+
+// cli is one invocation. Its dependencies are fields so tests can fix the
+// environment, the clock and the poll interval.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	now            func() time.Time
+	poll           time.Duration
+}
+
+// commands lists each command with the flags (besides --socket and --help)
+// and the number of arguments it takes.
+var commands = map[string]struct {
+	flags []string
+	args  int
+}{
+	"status":     {[]string{"output"}, 0},
+	"plan":       {nil, 0},
+	"reload":     {nil, 0},
+	"peers":      {[]string{"output"}, 0},
+	"wait":       {[]string{"for", "timeout"}, 0},
+	"completion": {nil, 1},
+	"version":    {nil, 0},
+}
+
+// options are the parsed flags.
+type options struct {
+	socket  string
+	output  string
+	forCond string
+	timeout time.Duration
+	help    bool
+}
+
+func newFlagSet(o *options) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("nodeagentctl", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.socket, "socket", api.DefaultSocket, "the daemon's socket")
+	fs.StringVarP(&o.output, "output", "o", "table", "table or json")
+	fs.StringVar(&o.forCond, "for", "ready", "what wait waits for")
+	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "how long wait waits")
+	fs.BoolVarP(&o.help, "help", "h", false, "help")
+	return fs
+}
+
+func (c *cli) usageError(format string, args ...any) int {
+	fmt.Fprintf(c.stderr, "nodeagentctl: "+format+"\n\n", args...)
+	fmt.Fprint(c.stderr, usage)
+	return exitUsage
+}
+
+func (c *cli) run(ctx context.Context, args []string) int {
+	var o options
+	fs := newFlagSet(&o)
+	if err := fs.Parse(args); err != nil {
+		return c.usageError("%v", err)
+	}
+	if o.help {
+		fmt.Fprint(c.stdout, usage)
+		return exitOK
+	}
+	if fs.NArg() == 0 {
+		return c.usageError("no command")
+	}
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	cmd, ok := commands[name]
+	if !ok {
+		return c.usageError("unknown command %q", name)
+	}
+	var misplaced string
+	fs.Visit(func(f *pflag.Flag) {
+		if f.Name != "socket" && !slices.Contains(cmd.flags, f.Name) && misplaced == "" {
+			misplaced = f.Name
+		}
+	})
+	if misplaced != "" {
+		return c.usageError("--%s does not apply to %s", misplaced, name)
+	}
+	if len(rest) != cmd.args {
+		if cmd.args == 0 {
+			return c.usageError("%s takes no arguments, got %q", name, rest)
+		}
+		return c.usageError("%s takes %d argument, got %d", name, cmd.args, len(rest))
+	}
+	if o.output != "table" && o.output != "json" {
+		return c.usageError("-o %q: want table or json", o.output)
+	}
+	// The flag wins over the environment, which wins over the default.
+	if !fs.Changed("socket") {
+		if env := c.getenv("NODEAGENT_SOCKET"); env != "" {
+			o.socket = env
+		}
+	}
+	client := api.NewClient(o.socket)
+	defer client.CloseIdleConnections()
+
+	switch name {
+	case "status":
+		return c.status(ctx, client, o.output)
+	case "plan":
+		return c.plan(ctx, client)
+	case "reload":
+		return c.reload(ctx, client)
+	case "peers":
+		return c.peers(ctx, client, o.output)
+	case "wait":
+		target, err := parseFor(o.forCond)
+		if err != nil {
+			return c.usageError("--for: %v", err)
+		}
+		if o.timeout <= 0 {
+			return c.usageError("--timeout %v: must be > 0", o.timeout)
+		}
+		return c.wait(ctx, client, target, o.timeout)
+	case "completion":
+		script, ok := completions[rest[0]]
+		if !ok {
+			return c.usageError("completion %q: want bash or zsh", rest[0])
+		}
+		fmt.Fprint(c.stdout, script)
+		return exitOK
+	case "version":
+		fmt.Fprintln(c.stdout, "nodeagentctl", version)
+		return exitOK
+	}
+	panic("unreachable: command " + name + " is listed but not dispatched")
+}
+
+// fail reports a request's error and returns its exit code: 2 when the
+// daemon could not be reached, 1 when it answered with a failure.
+func (c *cli) fail(what string, err error) int {
+	if errors.Is(err, api.ErrUnreachable) {
+		// The error names the socket and the reason.
+		fmt.Fprintf(c.stderr, "nodeagentctl: %v\n", err)
+		return exitUnreachable
+	}
+	fmt.Fprintf(c.stderr, "nodeagentctl: %s: %v\n", what, err)
+	return exitFailure
+}
+
+func (c *cli) printJSON(v any) int {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		fmt.Fprintf(c.stderr, "nodeagentctl: %v\n", err)
+		return exitFailure
+	}
+	c.stdout.Write(append(b, '\n'))
+	return exitOK
+}
+
+func (c *cli) status(ctx context.Context, client *api.Client, output string) int {
+	s, err := client.Status(ctx)
+	if err != nil {
+		return c.fail("status", err)
+	}
+	if output == "json" {
+		if code := c.printJSON(s); code != exitOK {
+			return code
+		}
+	} else {
+		renderStatus(c.stdout, s, c.now())
+	}
+	if !healthy(s) {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// healthy reports whether s is what /readyz answers 200 for, which is what
+// status exits 0 for and wait --for=ready waits for.
+func healthy(s *api.Status) bool { return s.Ready && !s.Degraded }
+
+func (c *cli) plan(ctx context.Context, client *api.Client) int {
+	p, err := client.Plan(ctx)
+	if err != nil {
+		return c.fail("plan", err)
+	}
+	for _, l := range p.Lines {
+		fmt.Fprintln(c.stdout, clean(l))
+	}
+	if p.Error != "" {
+		// A partial plan is printed, but it is not the whole answer.
+		fmt.Fprintf(c.stderr, "nodeagentctl: plan incomplete: %s\n", clean(p.Error))
+		return exitFailure
+	}
+	if len(p.Lines) == 0 {
+		fmt.Fprintln(c.stdout, "no changes")
+	}
+	return exitOK
+}
+
+func (c *cli) reload(ctx context.Context, client *api.Client) int {
+	r, err := client.Reload(ctx)
+	var herr *api.HTTPError
+	if errors.As(err, &herr) && herr.Code == http.StatusForbidden {
+		fmt.Fprintf(c.stderr, "nodeagentctl: reload needs root; run it with sudo (the daemon said %s)\n", herr)
+		return exitFailure
+	}
+	if err != nil {
+		return c.fail("reload", err)
+	}
+	if !r.Applied {
+		fmt.Fprintf(c.stderr, "nodeagentctl: reload rejected; the running config (%s) stays:\n", r.ConfigHash)
+		for _, e := range r.Errors {
+			fmt.Fprintf(c.stderr, "  %s\n", clean(e))
+		}
+		return exitFailure
+	}
+	fmt.Fprintf(c.stdout, "reloaded (config %s)\n", r.ConfigHash)
+	return exitOK
+}
+
+func (c *cli) peers(ctx context.Context, client *api.Client, output string) int {
+	devs, err := client.Peers(ctx)
+	if err != nil {
+		return c.fail("peers", err)
+	}
+	if output == "json" {
+		if devs == nil {
+			devs = []api.WireGuardDevice{} // [] rather than null for jq
+		}
+		return c.printJSON(devs)
+	}
+	renderPeers(c.stdout, devs, c.now())
+	return exitOK
+}

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+)
+
+// renderStatus writes s as the readable report of `nodeagentctl status`.
+// Times are shown in now's location and ages relative to now, so a test
+// that fixes now gets the same text every run.
+func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
+	var b strings.Builder
+	field := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "%11s: %s\n", label, fmt.Sprintf(format, args...))
+	}
+	field("Node", "%s", clean(s.Node))
+	field("State", "%s", stateLine(s))
+	field("Version", "%s", clean(s.Version))
+	field("Config", "%s (hash %s)", clean(s.ConfigFile), clean(s.ConfigHash))
+	if ls := s.LastSync; ls != nil {
+		field("Last sync", "%s, trigger %s, took %s, %d changes, sync #%d",
+			stamp(ls.Time, now), clean(ls.Trigger), millis(ls.DurationMS), ls.Changes, ls.Count)
+	} else {
+		field("Last sync", "none yet")
+	}
+	field("Started", "%s", stamp(s.Started, now))
+
+	b.WriteString("\nConditions:\n")
+	if len(s.Conditions) == 0 {
+		b.WriteString("  none reported\n")
+	} else {
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  TYPE\tSTATUS\tREASON\tAGE\tMESSAGE")
+		for _, c := range s.Conditions {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", clean(c.Type), clean(c.Status), dash(c.Reason), ageShort(c.LastTransitionTime, now), clean(c.Message))
+		}
+		tw.Flush()
+	}
+
+	if len(s.Subsystems) > 0 {
+		b.WriteString("\nSubsystems:\n")
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  NAME\tCHANGES\tERROR")
+		for _, ss := range s.Subsystems {
+			fmt.Fprintf(tw, "  %s\t%d\t%s\n", clean(ss.Name), ss.Changes, dash(ss.Error))
+		}
+		tw.Flush()
+	}
+
+	if len(s.WireGuard) > 0 {
+		b.WriteString("\nWireGuard:\n")
+		renderDevices(&b, s.WireGuard, now, "  ")
+	}
+
+	for _, objs := range []struct {
+		title string
+		list  []api.Object
+	}{{"Pending", s.Pending}, {"Failed", s.Failed}} {
+		if len(objs.list) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n%s:\n", objs.title)
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		for _, o := range objs.list {
+			fmt.Fprintf(tw, "  %s\t%s\n", clean(o.Subsystem), clean(o.Message))
+		}
+		tw.Flush()
+	}
+
+	if r := s.LastRejected; r != nil {
+		fmt.Fprintf(&b, "\nLast rejected reload: %s, %s\n", stamp(r.Time, now), clean(r.File))
+		for _, e := range r.Errors {
+			fmt.Fprintf(&b, "  %s\n", clean(e))
+		}
+	}
+	if r := s.LastRollback; r != nil {
+		fmt.Fprintf(&b, "\nLast rollback: %s, probe %s failed after the change; config %s is not retried until it changes\n",
+			stamp(r.Time, now), clean(r.Probe), clean(r.ConfigHash))
+		if r.Message != "" {
+			fmt.Fprintf(&b, "  %s\n", clean(r.Message))
+		}
+	}
+	_, err := io.WriteString(w, trimLines(b.String()))
+	return err
+}
+
+// trimLines drops the padding tabwriter leaves after an empty last cell.
+func trimLines(s string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if body, ok := strings.CutSuffix(l, "\n"); ok {
+			lines[i] = strings.TrimRight(body, " ") + "\n"
+		}
+	}
+	return strings.Join(lines, "")
+}
+
+// stateLine summarises readiness, naming the conditions that are not True
+// so the reason is on the line the eye lands on.
+func stateLine(s *api.Status) string {
+	state := "ready"
+	if !s.Ready {
+		state = "not ready"
+	}
+	if s.Degraded {
+		state += ", degraded"
+	}
+	var off []string
+	for _, c := range s.Conditions {
+		if c.Status != api.True {
+			off = append(off, clean(c.Type)+"="+clean(c.Status))
+		}
+	}
+	if len(off) > 0 {
+		state += " (" + strings.Join(off, ", ") + ")"
+	}
+	return state
+}
+
+// renderPeers writes devs as the table of `nodeagentctl peers`, the same
+// one status shows.
+func renderPeers(w io.Writer, devs []api.WireGuardDevice, now time.Time) error {
+	if len(devs) == 0 {
+		_, err := io.WriteString(w, "no WireGuard devices\n")
+		return err
+	}
+	var b strings.Builder
+	renderDevices(&b, devs, now, "")
+	_, err := io.WriteString(w, trimLines(b.String()))
+	return err
+}
+
+// renderDevices writes one line per WireGuard device and a table of its
+// peers, each line prefixed with indent.
+func renderDevices(b *strings.Builder, devs []api.WireGuardDevice, now time.Time, indent string) {
+	for i, d := range devs {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		impl := d.Implementation
+		if impl == "" {
+			impl = "absent"
+		}
+		line := fmt.Sprintf("%s%s (%s)", indent, clean(d.Name), clean(impl))
+		if d.PublicKey != "" {
+			line += ", public key " + clean(d.PublicKey)
+		}
+		if d.ListenPort != 0 {
+			line += fmt.Sprintf(", listening on %d", d.ListenPort)
+		}
+		line += fmt.Sprintf(", %d/%d peers live", d.LivePeers, len(d.Peers))
+		b.WriteString(line + "\n")
+		for _, p := range d.Problems {
+			fmt.Fprintf(b, "%s  problem: %s\n", indent, clean(p))
+		}
+		if len(d.Peers) == 0 {
+			continue
+		}
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "%s  PEER\tENDPOINT\tHANDSHAKE\tRX\tTX\tALLOWED IPS\n", indent)
+		for _, p := range d.Peers {
+			name := clean(p.Name)
+			if name == "" {
+				name = shortKey(p.PublicKey)
+			}
+			fmt.Fprintf(tw, "%s  %s\t%s\t%s\t%s\t%s\t%s\n", indent, name, dash(p.Endpoint), handshake(p, now),
+				humanBytes(p.RxBytes), humanBytes(p.TxBytes), dash(strings.Join(p.AllowedIPs, ",")))
+		}
+		tw.Flush()
+	}
+}
+
+// handshake is a peer's last handshake as an age, or "never".
+func handshake(p api.WireGuardPeer, now time.Time) string {
+	if p.LastHandshake == nil || p.LastHandshake.IsZero() || p.HandshakeAgeSeconds < 0 {
+		return "never"
+	}
+	return ago(*p.LastHandshake, now)
+}
+
+// shortKey abbreviates a public key to a prefix that is still unique in
+// practice, as a peer's name when it has none.
+func shortKey(k string) string {
+	k = clean(k)
+	if len(k) <= 10 {
+		return dash(k)
+	}
+	return k[:10] + "…"
+}
+
+// stamp is t in now's location with its age, e.g.
+// "2026-12-01 08:59:48 UTC (12s ago)".
+func stamp(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.In(now.Location()).Format("2006-01-02 15:04:05 MST") + " (" + ago(t, now) + ")"
+}
+
+// ago is the age of t, e.g. "12s ago", or "in 3s" for a time after now (the
+// daemon's clock and ours are the same clock, but it may have stepped).
+func ago(t, now time.Time) string {
+	d := now.Sub(t)
+	if d < 0 {
+		return "in " + compact(-d)
+	}
+	return compact(d) + " ago"
+}
+
+// ageShort is ago without the suffix, for AGE columns.
+func ageShort(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		return "-" + compact(-d)
+	}
+	return compact(d)
+}
+
+// compact formats d with its two largest units, truncated, so ages keep
+// a stable width: 12s, 5m3s, 2h5m, 3d4h.
+func compact(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	default:
+		return fmt.Sprintf("%dd%dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	}
+}
+
+// millis formats a duration in milliseconds, e.g. "41ms", "1.204s", "350µs".
+func millis(ms float64) string {
+	d := time.Duration(ms * float64(time.Millisecond))
+	if d >= time.Millisecond {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+// humanBytes formats n in IEC units as wg(8) does: "0 B", "1.50 KiB".
+func humanBytes(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v := float64(n)
+	for _, unit := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		v /= 1024
+		if v < 1024 || unit == "TiB" {
+			return fmt.Sprintf("%.2f %s", v, unit)
+		}
+	}
+	panic("unreachable")
+}
+
+// dash is clean(s), or "-" for an empty cell so columns stay aligned.
+func dash(s string) string {
+	if s = clean(s); s == "" {
+		return "-"
+	}
+	return s
+}
+
+// clean replaces control characters with spaces. Messages can quote
+// file contents (a peer file's name, a config line); a tab would break the
+// table and an escape sequence would reach the terminal.
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
