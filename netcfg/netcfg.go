@@ -167,6 +167,16 @@ func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 	return p, errors.Join(errs...)
 }
 
+// PlanWG observes and plans the WireGuard subsystem alone: the kernel sends
+// no notification when a peer is changed by hand, so the daemon polls this.
+func (c *Converger) PlanWG(ctx context.Context, d Desired) (wg.Plan, error) {
+	o, err := wg.Observe(ctx, c.WG(), d.WG)
+	if err != nil {
+		return wg.Plan{}, err
+	}
+	return wg.MakePlan(d.WG, o), nil
+}
+
 // Sync observes, plans and applies every subsystem once and returns the
 // plans it carried out. One failing subsystem does not stop the others: the
 // error joins one error per failed object. Objects that wait for another

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
@@ -209,5 +212,98 @@ func TestValidateAndPlanWithoutRoot(t *testing.T) {
 		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "wireguard pia (1): not converged by this build")) {
 			t.Fatalf("plan as nobody:\n%s", out)
 		}
+	}
+}
+
+// TestKillNineDaemon kills `nodeagent run` with SIGKILL at 20 random points
+// of a cold converge (each start from a torn-down node, each delay drawn
+// within the time a full converge takes), then lets one run converge: no
+// duplicate or half-made object, foreign objects untouched.
+func TestKillNineDaemon(t *testing.T) {
+	if testenv.InVM() {
+		t.Skip("the host tier runs this; under TCG the kill points would say little about the real timing")
+	}
+	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", peer, "wire0")
+	bin := binary(t)
+	dir := t.TempDir()
+	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(dir, "nodeagent.conf"))
+	node.Exec(t, "ip", "link", "add", "link", "trunk0", "name", "podshim", "type", "macvlan", "mode", "bridge")
+	node.Exec(t, "ip", "rule", "add", "priority", "2001", "from", "10.20.0.0/16", "lookup", "200", "proto", "static")
+	foreign := func() string {
+		return node.Exec(t, "ip", "-d", "link", "show", "podshim") + withoutOurs(node.Exec(t, "ip", "-d", "rule", "show", "priority", "2001"))
+	}
+	before := foreign()
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	os.WriteFile(cfg, []byte(killConfig(60)), 0o600)
+	socket := filepath.Join(dir, "s.sock")
+	start := func() *exec.Cmd {
+		cmd := exec.Command("ip", "netns", "exec", node.Name, bin, "run", "-c", cfg, "--socket", socket)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	ready := func(timeout time.Duration) bool {
+		c := api.NewClient(socket)
+		deadline := time.Now().Add(timeout)
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s, err := c.Status(ctx)
+			cancel()
+			if err == nil && s.Ready {
+				return true
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return false
+	}
+	// How long a cold converge takes, start to ready.
+	t0 := time.Now()
+	cmd := start()
+	if !ready(60 * time.Second) {
+		cmd.Process.Kill()
+		t.Fatal("the daemon never became ready")
+	}
+	full := time.Since(t0)
+	cmd.Process.Kill()
+	cmd.Wait()
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("cold converge to ready: %s; kill points drawn in [0, %s) with seed %d", full, full, seed)
+	const kills = 20
+	for i := 0; i < kills; i++ {
+		node.TryExec(bin, "teardown")
+		cmd := start()
+		time.Sleep(time.Duration(rng.Int64N(int64(full))))
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	cmd = start()
+	if !ready(60 * time.Second) {
+		cmd.Process.Kill()
+		t.Fatalf("not ready after %d kills", kills)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	if out := node.Exec(t, bin, "apply", "--once", "-c", cfg); !strings.Contains(out, "no changes") {
+		t.Fatalf("not converged after the kills; apply did:\n%s", out)
+	}
+	for _, check := range []struct {
+		what      string
+		got, want int
+	}{
+		{"marked macvlans", strings.Count(node.Exec(t, "ip", "-d", "link", "show", "type", "macvlan"), "alias nodeagent"), 60},
+		{"links still in creation", strings.Count(node.Exec(t, "ip", "-d", "link", "show"), "group 0x6e610001"), 0},
+		{"IPv4 routes in table 150", lines(t, node, "ip", "-4", "route", "show", "table", "150", "proto", "147"), 61},
+		{"rules", strings.Count(node.Exec(t, "ip", "-d", "rule", "show"), "proto 147"), 60},
+		{"nodeagent tables", strings.Count(node.Exec(t, "nft", "list", "tables"), "table inet nodeagent"), 1},
+	} {
+		if check.got != check.want {
+			t.Errorf("%s: %d, want %d", check.what, check.got, check.want)
+		}
+	}
+	if diff := cmp.Diff(before, foreign()); diff != "" {
+		t.Fatalf("foreign objects changed (-before +after):\n%s", diff)
 	}
 }

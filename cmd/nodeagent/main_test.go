@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -104,8 +105,9 @@ func TestManPageCoversUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := strings.ReplaceAll(string(man), `\-`, "-")
-	for _, word := range []string{"validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES"} {
-		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig), word) {
+	for _, word := range []string{"run", "validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
+		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync"} {
+		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, api.DefaultSocket), word) {
 			t.Errorf("usage lacks %q", word)
 		}
 		if !strings.Contains(page, word) {

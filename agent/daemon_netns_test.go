@@ -1,0 +1,529 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/testenv"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// syncBuffer is a log sink the daemon and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// running is a daemon running in a test namespace.
+type running struct {
+	d      *Daemon
+	cancel context.CancelFunc
+	done   chan error
+	log    *syncBuffer
+	socket string
+}
+
+// startDaemon runs the daemon on cfg inside ns until the test ends, and
+// waits for its first full convergence.
+func startDaemon(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOptions)) *running {
+	t.Helper()
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	r := &running{log: &syncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
+	o := RunOptions{
+		Options: Options{Config: cfg, TablesFile: filepath.Join(dir, "rt_tables.conf")},
+		Socket:  r.socket, SocketGroup: "nogroup", Host: ns.Host, Version: "test",
+		Log: slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if tweak != nil {
+		tweak(&o)
+	}
+	d, err := NewDaemon(o)
+	if err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	r.d = d
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		r.stop(t)
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", r.log.String())
+		}
+	})
+	waitFor(t, "first convergence", 60*time.Second, func() bool { return d.Status().Ready })
+	return r
+}
+
+func (r *running) stop(t *testing.T) {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("daemon did not stop within 30s")
+	}
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func uniqueName(prefix string) string {
+	var b [3]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// lab is a node with a trunk (a veth to a peer namespace) and a config
+// using every subsystem: a macvlan shim with an address, a kill-switch
+// table with a route and a rule, a masquerade, and a WireGuard server with
+// one peer (userspace on a kernel without WireGuard, the kernel's in the
+// VM), and a VLAN where the kernel has 8021q.
+type lab struct {
+	node, peer *testenv.NetNS
+	cfg        string
+	wg         string
+	peerKey    wgtypes.Key
+	vlan       bool
+}
+
+func newLab(t *testing.T) *lab {
+	t.Helper()
+	l := &lab{node: testenv.NewNetNS(t), peer: testenv.NewNetNS(t), wg: uniqueName("wgd")}
+	l.node.Veth(t, "enp1s0", l.peer, "eth0")
+	dir := t.TempDir()
+	k, _ := wgtypes.GeneratePrivateKey()
+	pk, _ := wgtypes.GeneratePrivateKey()
+	l.peerKey = pk.PublicKey()
+	key := filepath.Join(dir, "wg.key")
+	os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
+	l.vlan = testenv.HasModule("8021q")
+	vlans := ""
+	if l.vlan {
+		vlans = "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50, addresses: [10.10.51.1/24]}\n"
+	}
+	l.cfg = filepath.Join(dir, "nodeagent.yaml")
+	l.write(t, fmt.Sprintf(`dad: {disabled: true}
+%smacvlans:
+  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}
+wireguard:
+  - name: %s
+    privateKeyFile: %s
+    listenPort: 51820
+    addresses: [10.90.0.1/24]
+    peers:
+      - {name: laptop, publicKey: %s, allowedIPs: [10.90.0.2/32]}
+routing:
+  tables:
+    - id: 150
+      killSwitch: true
+      routes: [{to: 10.70.0.0/24, dev: shim0}]
+  rules:
+    - {priority: 1000, from: 10.10.50.0/24, table: 150}
+firewall:
+  masquerade: [{from: 10.10.50.0/24, out: enp1s0}]
+checks:
+  gatewayARP: false
+`, vlans, l.wg, key, l.peerKey))
+	return l
+}
+
+func (l *lab) write(t *testing.T, s string) {
+	t.Helper()
+	tmp := l.cfg + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Rename(tmp, l.cfg) // as editors and config management do
+}
+
+func has(out, s string) bool { return strings.Contains(out, s) }
+
+// TestDriftRepairedFromEvents deletes owned objects by hand, 20 times per
+// kind, and measures how long the daemon takes to put each back. Links,
+// addresses, routes, rules and nftables are repaired on the kernel's own
+// notification; WireGuard peers, which the kernel sends none for, on the
+// daemon's poll. The median of each kind is reported (target < 1s).
+func TestDriftRepairedFromEvents(t *testing.T) {
+	l := newLab(t)
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour })
+	n := l.node
+	nftHandle := func() string {
+		m := regexp.MustCompile(`masquerade # handle (\d+)`).FindStringSubmatch(n.Exec(t, "nft", "-a", "list", "chain", "inet", "nodeagent", "postrouting"))
+		if m == nil {
+			t.Fatal("no masquerade rule")
+		}
+		return m[1]
+	}
+	kinds := []struct {
+		name    string
+		del     func()
+		present func() bool
+	}{
+		{"rule", func() { n.Exec(t, "ip", "rule", "del", "priority", "1000") },
+			func() bool {
+				out, _ := n.TryExec("ip", "rule", "show", "priority", "1000")
+				return has(out, "lookup 150")
+			}},
+		{"route", func() { n.Exec(t, "ip", "route", "del", "10.70.0.0/24", "table", "150") },
+			func() bool {
+				out, _ := n.TryExec("ip", "route", "show", "table", "150")
+				return has(out, "10.70.0.0/24 dev shim0")
+			}},
+		{"nft rule", func() { n.Exec(t, "nft", "delete", "rule", "inet", "nodeagent", "postrouting", "handle", nftHandle()) },
+			func() bool {
+				out, _ := n.TryExec("nft", "list", "chain", "inet", "nodeagent", "postrouting")
+				return has(out, "masquerade")
+			}},
+		{"address", func() { n.Exec(t, "ip", "addr", "del", "10.10.50.3/24", "dev", "shim0") },
+			func() bool {
+				out, _ := n.TryExec("ip", "-br", "addr", "show", "dev", "shim0")
+				return has(out, "10.10.50.3/24")
+			}},
+		{"macvlan", func() { n.Exec(t, "ip", "link", "del", "shim0") },
+			func() bool {
+				out, _ := n.TryExec("ip", "-br", "addr", "show", "dev", "shim0")
+				return has(out, "10.10.50.3/24")
+			}},
+		{"wireguard peer", func() { n.Exec(t, "wg", "set", l.wg, "peer", l.peerKey.String(), "remove") },
+			func() bool { out, _ := n.TryExec("wg", "show", l.wg, "peers"); return has(out, l.peerKey.String()) }},
+	}
+	if l.vlan {
+		kinds = append(kinds, struct {
+			name    string
+			del     func()
+			present func() bool
+		}{"vlan", func() { n.Exec(t, "ip", "link", "del", "enp1s0.50") },
+			func() bool {
+				out, _ := n.TryExec("ip", "-br", "addr", "show", "dev", "enp1s0.50")
+				return has(out, "10.10.51.1/24")
+			}})
+	} else {
+		t.Log("kernel has no 8021q: the VLAN kind runs in the VM tier")
+	}
+	const trials = 20
+	var report []string
+	for _, k := range kinds {
+		var lat []time.Duration
+		for i := 0; i < trials; i++ {
+			if !k.present() {
+				t.Fatalf("%s: not present before trial %d", k.name, i)
+			}
+			k.del()
+			lat = append(lat, waitFor(t, k.name+" restored", 20*time.Second, k.present))
+			// Let the repair's own echo (the events of what it wrote) pass.
+			time.Sleep(150 * time.Millisecond)
+		}
+		slices.Sort(lat)
+		report = append(report, fmt.Sprintf("%-15s median %6.0f ms  max %6.0f ms  (%d trials)", k.name, ms(lat[len(lat)/2]), ms(lat[len(lat)-1]), trials))
+	}
+	t.Logf("drift repair, delete -> restored:\n%s", strings.Join(report, "\n"))
+	s := r.d.Status()
+	if !s.Ready || s.Degraded || s.LastSync == nil || s.LastSync.Trigger == "resync" {
+		t.Errorf("status after the trials: ready %v degraded %v last sync %+v", s.Ready, s.Degraded, s.LastSync)
+	}
+	if !has(r.log.String(), "drift repaired") {
+		t.Error("the log does not show the repairs")
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// kernelState dumps what nodeagent manages in ns, for before/after
+// comparisons (the tools' own formatting, not the code under test).
+func kernelState(t *testing.T, ns *testenv.NetNS) string {
+	t.Helper()
+	var b strings.Builder
+	for _, c := range [][]string{
+		{"ip", "-d", "link", "show"}, {"ip", "addr", "show"}, {"ip", "rule", "show"},
+		{"ip", "route", "show", "table", "all"}, {"ip", "-6", "route", "show", "table", "all"}, {"nft", "list", "ruleset"},
+	} {
+		b.WriteString(ns.Exec(t, c...))
+	}
+	// Counters and what the kernel does by itself (IPv6 link-local
+	// addresses finishing DAD, their local routes) are not configuration.
+	var out []string
+	for _, line := range strings.Split(b.String(), "\n") {
+		line = strings.TrimSpace(strings.ReplaceAll(line, " tentative", ""))
+		if line == "" || strings.Contains(line, "fe80::") {
+			continue
+		}
+		out = append(out, regexp.MustCompile(`packets \d+ bytes \d+`).ReplaceAllString(line, "counter"))
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestBrokenReloadIsRejectedWhole: a config edit that does not validate
+// changes nothing in the kernel (dump compared), status names file:line,
+// and the fixed edit is applied.
+func TestBrokenReloadIsRejectedWhole(t *testing.T) {
+	l := newLab(t)
+	r := startDaemon(t, l.node, l.cfg, nil)
+	good, _ := os.ReadFile(l.cfg)
+	before := kernelState(t, l.node)
+	hash := r.d.Status().ConfigHash
+	broken := strings.Replace(string(good), "{priority: 1000, from: 10.10.50.0/24, table: 150}", "{priority: 1000, from: 10.10.50.0/33, table: 150}", 1)
+	broken = strings.Replace(broken, "addresses: [10.10.50.3/24]", "addresses: [10.10.50.4/24]", 1) // a valid change in the same edit
+	l.write(t, broken)
+	waitFor(t, "the rejection", 10*time.Second, func() bool { return r.d.Status().LastRejected != nil })
+	time.Sleep(300 * time.Millisecond)
+	s := r.d.Status()
+	if got := strings.Join(s.LastRejected.Errors, "\n"); !has(got, l.cfg+":") || !has(got, "routing.rules[0].from") {
+		t.Errorf("rejection names %q; want file:line and the field", got)
+	}
+	if c := s.Condition(api.CondConfigLoaded); c == nil || c.Status != api.False || c.Reason != "Rejected" {
+		t.Errorf("ConfigLoaded = %+v", c)
+	}
+	if s.ConfigHash != hash || !s.Degraded {
+		t.Errorf("running config %s (want %s), degraded %v", s.ConfigHash, hash, s.Degraded)
+	}
+	if after := kernelState(t, l.node); after != before {
+		t.Errorf("the kernel changed on a rejected reload:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	fixed := strings.Replace(broken, "10.10.50.0/33", "10.10.50.0/24", 1)
+	l.write(t, fixed)
+	waitFor(t, "the fixed config", 10*time.Second, func() bool {
+		out, _ := l.node.TryExec("ip", "-br", "addr", "show", "dev", "shim0")
+		return has(out, "10.10.50.4/24") && !has(out, "10.10.50.3/24")
+	})
+	waitFor(t, "ConfigLoaded", 5*time.Second, func() bool {
+		s := r.d.Status()
+		c := s.Condition(api.CondConfigLoaded)
+		return c != nil && c.Status == api.True && !s.Degraded
+	})
+}
+
+// TestSafeApplyRollsBack: with the API server reachable, a config that
+// blackholes the route to it is applied, the probe fails, and the daemon
+// rolls back to the previous state and does not retry that config.
+func TestSafeApplyRollsBack(t *testing.T) {
+	l := newLab(t)
+	run := func(ns *testenv.NetNS, lines ...string) {
+		for _, s := range lines {
+			ns.Exec(t, strings.Fields(s)...)
+		}
+	}
+	run(l.node, "ip addr add 192.0.2.1/24 dev enp1s0")
+	run(l.peer, "ip addr add 192.0.2.10/24 dev eth0")
+	// An "API server" in the peer namespace: a TCP listener.
+	stopListen := listenIn(t, l.peer, "192.0.2.10:6443")
+	defer stopListen()
+	good, _ := os.ReadFile(l.cfg)
+	withProbe := strings.Replace(string(good), "checks:\n  gatewayARP: false\n", "checks:\n  gatewayARP: false\n  apiServer: 192.0.2.10:6443\n  probeDeadline: 1s\n", 1)
+	l.write(t, withProbe)
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = 2 * time.Second })
+	// Wait for a sync that records the config as good (the first sync has
+	// no previous state to roll back to).
+	l.write(t, strings.Replace(withProbe, "addresses: [10.10.50.3/24]", "addresses: [10.10.50.3/24, 10.10.50.5/24]", 1))
+	waitFor(t, "second config", 10*time.Second, func() bool {
+		out, _ := l.node.TryExec("ip", "-br", "addr", "show", "dev", "shim0")
+		return has(out, "10.10.50.5/24")
+	})
+	time.Sleep(300 * time.Millisecond)
+	before := kernelState(t, l.node)
+	bad := strings.Replace(strings.Replace(withProbe, "addresses: [10.10.50.3/24]", "addresses: [10.10.50.3/24, 10.10.50.5/24]", 1),
+		"  rules:\n", "  rules:\n    - {priority: 100, to: 192.0.2.10/32, action: blackhole}\n", 1)
+	l.write(t, bad)
+	waitFor(t, "the rollback", 20*time.Second, func() bool { return r.d.Status().LastRollback != nil })
+	s := r.d.Status()
+	if s.LastRollback.Probe != "apiServer 192.0.2.10:6443" {
+		t.Errorf("rollback names probe %q", s.LastRollback.Probe)
+	}
+	if c := s.Condition(api.CondSafeApply); c == nil || c.Status != api.False || c.Reason != "RolledBack" {
+		t.Errorf("SafeApply = %+v", c)
+	}
+	if after := kernelState(t, l.node); after != before {
+		t.Errorf("the kernel is not back to the previous state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	// Not retried: resyncs come and go, the blackhole stays out.
+	syncs := s.LastSync.Count
+	waitFor(t, "a resync after the rollback", 20*time.Second, func() bool {
+		ls := r.d.Status().LastSync
+		return ls.Count > syncs && ls.Trigger == "resync"
+	})
+	if out := l.node.Exec(t, "ip", "rule", "show", "priority", "100"); has(out, "blackhole") {
+		t.Errorf("the rolled-back config was retried: %s", out)
+	}
+}
+
+// listenIn serves TCP on addr inside ns, accepting and closing, until the
+// returned func is called.
+func listenIn(t *testing.T, ns *testenv.NetNS, addr string) func() {
+	t.Helper()
+	var l net.Listener
+	if err := ns.Host.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listen %s: %v", addr, err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return func() { l.Close() }
+}
+
+// notifyListener is a NOTIFY_SOCKET: it records each datagram with the
+// time it arrived.
+type notifyListener struct {
+	mu   sync.Mutex
+	msgs []notifyMsg
+}
+
+type notifyMsg struct {
+	at   time.Time
+	text string
+}
+
+func listenNotify(t *testing.T) *notifyListener {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	t.Setenv("NOTIFY_SOCKET", path)
+	n := &notifyListener{}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			n.mu.Lock()
+			n.msgs = append(n.msgs, notifyMsg{time.Now(), string(buf[:k])})
+			n.mu.Unlock()
+		}
+	}()
+	return n
+}
+
+func (n *notifyListener) all() []notifyMsg {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]notifyMsg(nil), n.msgs...)
+}
+
+// TestSdNotify: READY=1 comes only after the first convergence (the
+// kernel has every object when it arrives), WATCHDOG=1 comes from the loop
+// while it runs, and none comes while the loop is wedged.
+func TestSdNotify(t *testing.T) {
+	l := newLab(t)
+	n := listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "400000") // pings every 200ms
+	var readyState string
+	go func() {
+		for {
+			for _, m := range n.all() {
+				if has(m.text, "READY=1") {
+					out, _ := l.node.TryExec("ip", "-br", "addr", "show", "dev", "shim0")
+					readyState = out
+					return
+				}
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	r := startDaemon(t, l.node, l.cfg, nil)
+	waitFor(t, "READY=1", 10*time.Second, func() bool { return readyState != "" })
+	if !has(readyState, "10.10.50.3/24") {
+		t.Errorf("READY=1 came before the config was applied: shim0 was %q", readyState)
+	}
+	for _, m := range n.all() {
+		if has(m.text, "READY=1") {
+			break
+		}
+		if has(m.text, "WATCHDOG") {
+			continue
+		}
+		t.Errorf("before READY=1: %q", m.text)
+	}
+	time.Sleep(time.Second)
+	stallAt := time.Now()
+	r.d.stall <- 2 * time.Second
+	time.Sleep(3 * time.Second)
+	var before, during, after int
+	for _, m := range n.all() {
+		if m.text != "WATCHDOG=1" {
+			continue
+		}
+		switch {
+		case m.at.Before(stallAt):
+			before++
+		case m.at.Before(stallAt.Add(1900 * time.Millisecond)):
+			if m.at.After(stallAt.Add(100 * time.Millisecond)) { // one may be in flight as the stall starts
+				during++
+			}
+		default:
+			after++
+		}
+	}
+	t.Logf("WATCHDOG=1 pings: %d before the stall, %d during it, %d after", before, during, after)
+	if before < 3 || during != 0 || after < 2 {
+		t.Errorf("watchdog pings %d before, %d during the 2s stall, %d after; want >= 3, 0, >= 2", before, during, after)
+	}
+	var status bool
+	for _, m := range n.all() {
+		if strings.HasPrefix(m.text, "STATUS=") || has(m.text, "\nSTATUS=ready") {
+			status = true
+		}
+	}
+	if !status {
+		t.Error("no STATUS= line was sent")
+	}
+	r.stop(t)
+	if msgs := n.all(); !has(msgs[len(msgs)-1].text, "STOPPING=1") {
+		t.Errorf("last message %q, want STOPPING=1", msgs[len(msgs)-1].text)
+	}
+}

@@ -1,0 +1,254 @@
+package agent
+
+import (
+	"context"
+	"encoding/binary"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/mdlayher/netlink"
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// interest is what the event filters look for: the names of the links and
+// devices the desired state names. The loop replaces it when the config
+// changes; the event goroutines only read it.
+type interest struct {
+	names map[string]bool
+}
+
+// watchNetlink sends "event" on kick for every rtnetlink notification about
+// an object nodeagent owns or the config names: a link of a named or
+// nodeagent-aliased link, an address with IFA_PROTO 147 or on a named link,
+// a route or rule with protocol 147. Foreign churn (pods coming and going)
+// does not wake the loop. It returns when ctx ends.
+func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[interest], kick func(string), log *slog.Logger) error {
+	cur, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer cur.Close()
+	ns := h.NS()
+	if !ns.IsOpen() {
+		ns = cur
+	}
+	sock, err := nl.SubscribeAt(ns, cur, unix.NETLINK_ROUTE,
+		unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
+		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)
+	if err != nil {
+		return err
+	}
+	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
+	sock.SetReceiveTimeout(&tv)
+	go func() {
+		defer sock.Close()
+		// Index -> name of links seen, so an address event (which names
+		// only the index) can be matched to a named link.
+		names := map[int32]string{}
+		for ctx.Err() == nil {
+			msgs, _, err := sock.Receive()
+			if err != nil {
+				continue
+			}
+			for _, m := range msgs {
+				if relevant(m.Header.Type, m.Data, want.Load(), names) {
+					kick("event")
+					break
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// Attribute numbers not in x/sys/unix.
+const (
+	ifaProto    = 11 // IFA_PROTO
+	fraProtocol = 21 // FRA_PROTOCOL
+)
+
+func relevant(typ uint16, data []byte, want *interest, names map[int32]string) bool {
+	switch typ {
+	case unix.RTM_NEWLINK, unix.RTM_DELLINK:
+		if len(data) < unix.SizeofIfInfomsg {
+			return false
+		}
+		idx := int32(binary.NativeEndian.Uint32(data[4:8]))
+		attrs, err := nl.ParseRouteAttr(data[unix.SizeofIfInfomsg:])
+		if err != nil {
+			return false
+		}
+		var name, alias string
+		for _, a := range attrs {
+			switch a.Attr.Type {
+			case unix.IFLA_IFNAME:
+				name = strings.TrimRight(string(a.Value), "\x00")
+			case unix.IFLA_IFALIAS:
+				alias = strings.TrimRight(string(a.Value), "\x00")
+			}
+		}
+		if name != "" {
+			names[idx] = name
+		}
+		return alias == host.LinkAlias || (want != nil && want.names[name])
+	case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+		if len(data) < unix.SizeofIfAddrmsg {
+			return false
+		}
+		idx := int32(binary.NativeEndian.Uint32(data[4:8]))
+		attrs, err := nl.ParseRouteAttr(data[unix.SizeofIfAddrmsg:])
+		if err != nil {
+			return false
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == ifaProto && len(a.Value) > 0 && a.Value[0] == host.Proto {
+				return true
+			}
+		}
+		return want != nil && want.names[names[idx]]
+	case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
+		// struct rtmsg: family, dst_len, src_len, tos, table, protocol, ...
+		return len(data) > 5 && data[5] == host.Proto
+	case unix.RTM_NEWRULE, unix.RTM_DELRULE:
+		if len(data) < 12 {
+			return false
+		}
+		attrs, err := nl.ParseRouteAttr(data[12:]) // struct fib_rule_hdr is 12 bytes
+		if err != nil {
+			return false
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == fraProtocol && len(a.Value) > 0 && a.Value[0] == host.Proto {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// watchNftables sends "event" on kick for every nftables notification about
+// a table named nodeagent*. Every nftables object message carries its
+// table's name as attribute 1 (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE,
+// NFTA_RULE_TABLE, NFTA_SET_TABLE, ...).
+func watchNftables(ctx context.Context, h *host.Host, kick func(string)) error {
+	cfg := &netlink.Config{}
+	if h.NS().IsOpen() {
+		cfg.NetNS = int(h.NS())
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, cfg)
+	if err != nil {
+		return err
+	}
+	if err := c.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		c.Close()
+		return err
+	}
+	go func() {
+		defer c.Close()
+		for ctx.Err() == nil {
+			c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			msgs, err := c.Receive()
+			if err != nil {
+				continue
+			}
+			for _, m := range msgs {
+				if len(m.Data) < 4 {
+					continue
+				}
+				ad, err := netlink.NewAttributeDecoder(m.Data[4:]) // after struct nfgenmsg
+				if err != nil {
+					continue
+				}
+				ad.ByteOrder = binary.BigEndian
+				hit := false
+				for ad.Next() {
+					if ad.Type() == 1 && strings.HasPrefix(ad.String(), "nodeagent") {
+						hit = true
+					}
+				}
+				if hit {
+					kick("event")
+					break
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// watchFiles sends "config" on kick when the config file or a file in one
+// of the peer directories changes. Directories are watched, not files:
+// editors and config management replace a file by renaming a new one over
+// it, which a watch on the old file would miss. set replaces the watched
+// directories (the config may name other peersDirs after a reload).
+type fileWatch struct {
+	w      *fsnotify.Watcher
+	config string
+	dirs   atomic.Pointer[map[string]bool]
+}
+
+func watchFiles(ctx context.Context, config string, kick func(string), log *slog.Logger) (*fileWatch, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	fw := &fileWatch{w: w, config: filepath.Clean(config)}
+	empty := map[string]bool{}
+	fw.dirs.Store(&empty)
+	go func() {
+		defer w.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if ev.Op == fsnotify.Chmod && filepath.Clean(ev.Name) != fw.config {
+					continue
+				}
+				if filepath.Clean(ev.Name) == fw.config || (*fw.dirs.Load())[filepath.Dir(filepath.Clean(ev.Name))] || (*fw.dirs.Load())[filepath.Clean(ev.Name)] {
+					kick("config")
+				}
+			case err, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+				log.Warn("file watch", "err", err)
+			}
+		}
+	}()
+	return fw, nil
+}
+
+// set watches the config file's directory and dirs (missing ones are
+// watched through their parent, so creating one is noticed).
+func (fw *fileWatch) set(dirs []string, log *slog.Logger) {
+	want := map[string]bool{filepath.Dir(fw.config): true}
+	peerDirs := map[string]bool{}
+	for _, d := range dirs {
+		d = filepath.Clean(d)
+		peerDirs[d] = true
+		want[d] = true
+		want[filepath.Dir(d)] = true
+	}
+	for _, old := range fw.w.WatchList() {
+		if !want[old] {
+			fw.w.Remove(old)
+		}
+	}
+	for d := range want {
+		if err := fw.w.Add(d); err != nil && peerDirs[d] {
+			log.Debug("watch", "dir", d, "err", err)
+		}
+	}
+	fw.dirs.Store(&peerDirs)
+}

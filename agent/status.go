@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/netcfg"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
+)
+
+// setCondition sets a condition, moving its transition time only when its
+// status changes.
+func (d *Daemon) setCondition(typ, status, reason, msg string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.status.Conditions {
+		c := &d.status.Conditions[i]
+		if c.Type == typ {
+			if c.Status != status {
+				c.LastTransitionTime = time.Now().UTC()
+			}
+			c.Status, c.Reason, c.Message = status, reason, msg
+			return
+		}
+	}
+	d.status.Conditions = append(d.status.Conditions, api.Condition{Type: typ, Status: status, Reason: reason, Message: msg, LastTransitionTime: time.Now().UTC()})
+}
+
+func (d *Daemon) condition(typ string) *api.Condition {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.status.Condition(typ); c != nil {
+		cc := *c
+		return &cc
+	}
+	return nil
+}
+
+// publish records the outcome of a sync in the status and the metrics.
+func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.Plans, pending, failed []error) {
+	dur := time.Since(start)
+	changes := func(s string) int {
+		n := 0
+		for _, l := range strings.Split(s, "\n") {
+			if l != "" && l[0] != '!' {
+				n++
+			}
+		}
+		return n
+	}
+	subs := []api.Subsystem{
+		{Name: "nftables", Changes: changes(applied.Nft.String())},
+		{Name: "links", Changes: changes(applied.Link.String())},
+		{Name: "wireguard", Changes: changes(applied.WG.String())},
+		{Name: "sysctls", Changes: changes(applied.Sysctl.String())},
+		{Name: "routes", Changes: changes(applied.Route.String())},
+	}
+	var failedSubs []string
+	objs := func(errs []error) []api.Object {
+		out := []api.Object{}
+		for _, e := range errs {
+			sub := subsystemOf(e.Error())
+			out = append(out, api.Object{Subsystem: sub, Message: e.Error()})
+		}
+		return out
+	}
+	failedObjs := objs(failed)
+	for _, o := range failedObjs {
+		for i := range subs {
+			if subs[i].Name == o.Subsystem && subs[i].Error == "" {
+				subs[i].Error = o.Message
+				failedSubs = append(failedSubs, o.Subsystem)
+			}
+		}
+	}
+	total := 0
+	for _, s := range subs {
+		total += s.Changes
+	}
+	if trigger != "start" && total > 0 {
+		d.log.Info("drift repaired", "trigger", trigger, "changes", total)
+		for _, s := range subs {
+			if s.Changes > 0 {
+				d.metrics.DriftRepaired(s.Name, s.Changes)
+			}
+		}
+	}
+	devs := wireGuardStatus(post.WG)
+	d.metrics.SyncDone(trigger, dur, failedSubs)
+	d.metrics.SetWireGuard(devs)
+	for _, dev := range devs {
+		healthy := dev.Implementation != "" && (len(dev.Peers) == 0 || dev.LivePeers > 0)
+		d.metrics.SetTunnelHealthy(dev.Name, healthy)
+	}
+
+	d.mu.Lock()
+	var count int64 = 1
+	if d.status.LastSync != nil {
+		count = d.status.LastSync.Count + 1
+	}
+	d.status.Node = d.cfg.Node.Name
+	d.status.ConfigHash = d.hash
+	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: trigger, Changes: total, Count: count}
+	d.status.Subsystems = subs
+	d.status.Pending = objs(pending)
+	d.status.Failed = failedObjs
+	d.status.WireGuard = devs
+	d.mu.Unlock()
+
+	if len(failed) > 0 {
+		d.setCondition(api.CondConverged, api.False, "SyncFailed", fmt.Sprintf("%d object(s) failed; first: %s", len(failed), failed[0]))
+	} else if len(pending) > 0 {
+		d.setCondition(api.CondConverged, api.True, "Pending", fmt.Sprintf("%d object(s) wait for a device or parent", len(pending)))
+	} else {
+		d.setCondition(api.CondConverged, api.True, "Converged", "")
+	}
+	if len(d.desired.Nft.KillSwitch) > 0 {
+		if post.Nft.Empty() {
+			d.setCondition(api.CondKillSwitchArmed, api.True, "Armed", "")
+		} else {
+			d.setCondition(api.CondKillSwitchArmed, api.False, "NotInKernel", strings.TrimSpace(post.Nft.String()))
+		}
+	}
+	switch {
+	case len(failed) == 0:
+		d.setCondition(api.CondReady, api.True, "Converged", "")
+	case !d.ready:
+		d.setCondition(api.CondReady, api.False, "SyncFailed", failed[0].Error())
+	default:
+		d.setCondition(api.CondReady, api.False, "Degraded", failed[0].Error())
+	}
+	d.refreshHealth()
+}
+
+// refreshHealth derives Ready and Degraded from the conditions: ready once
+// the node converged with nothing failing; degraded while the last sync
+// failed, a reload was rejected, or a change was rolled back.
+func (d *Daemon) refreshHealth() {
+	d.mu.Lock()
+	s := &d.status
+	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
+	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed)
+	healthy := s.Ready && !s.Degraded
+	d.mu.Unlock()
+	d.metrics.SetReady(healthy)
+}
+
+// subsystemOf guesses the subsystem of an error from how each names its
+// objects.
+func subsystemOf(msg string) string {
+	switch {
+	case strings.HasPrefix(msg, "nft"):
+		return "nftables"
+	case strings.HasPrefix(msg, "wireguard"):
+		return "wireguard"
+	case strings.HasPrefix(msg, "link"), strings.HasPrefix(msg, "address"):
+		return "links"
+	case strings.HasPrefix(msg, "sysctl"):
+		return "sysctls"
+	}
+	return "routes"
+}
+
+// wireGuardStatus converts the WireGuard subsystem's status to the API's.
+func wireGuardStatus(p wg.Plan) []api.WireGuardDevice {
+	out := []api.WireGuardDevice{}
+	for _, ds := range wg.Status(p) {
+		dev := api.WireGuardDevice{Name: ds.Name, Implementation: ds.Implementation, PublicKey: ds.PublicKey,
+			ListenPort: ds.ListenPort, LivePeers: ds.LivePeers, Problems: ds.Problems, Peers: []api.WireGuardPeer{}}
+		for _, ps := range ds.Peers {
+			dev.Peers = append(dev.Peers, api.WireGuardPeer{PublicKey: ps.PublicKey, Name: ps.Name, Endpoint: ps.Endpoint,
+				LastHandshake: ps.LastHandshake, HandshakeAgeSeconds: ps.HandshakeAgeSeconds, RxBytes: ps.RxBytes,
+				TxBytes: ps.TxBytes, AllowedIPs: ps.AllowedIPs, Live: ps.Live})
+		}
+		out = append(out, dev)
+	}
+	return out
+}
+
+// summary is the one-line STATUS= for systemd.
+func (d *Daemon) summary() string {
+	s := d.Status()
+	state := "ready"
+	switch {
+	case !s.Ready:
+		state = "not ready"
+	case s.Degraded:
+		state = "degraded"
+	}
+	line := fmt.Sprintf("%s; config %s", state, s.ConfigHash)
+	if s.LastSync != nil {
+		line += fmt.Sprintf("; last sync %s (%s, %d changes)", s.LastSync.Time.Format(time.RFC3339), s.LastSync.Trigger, s.LastSync.Changes)
+	}
+	if n := len(s.Failed); n > 0 {
+		line += fmt.Sprintf("; %d failed", n)
+	}
+	if n := len(s.Pending); n > 0 {
+		line += fmt.Sprintf("; %d pending", n)
+	}
+	return line
+}
