@@ -8,11 +8,12 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 LOGDIR  := .cache/test
 # Packages whose tests run in the VM too: the VLAN tests need 8021q and dummy,
-# the WireGuard tests the kernel module, and the routing and nftables
-# scenarios are worth proving on Debian's own kernel. The CLI's WireGuard
+# the WireGuard tests the kernel module, the daemon's drift tests cover VLANs
+# and kernel WireGuard there, and the routing and nftables scenarios are
+# worth proving on Debian's own kernel. The CLI's WireGuard
 # test runs there too (VM_CMD_TESTS), by itself: the other CLI tests read the
 # source tree.
-VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg
+VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
 VM_CMD_TESTS ?= TestApplyOnceWireGuard
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
@@ -20,6 +21,7 @@ VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/nodeagent ./cmd/nodeagent
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/nodeagentctl ./cmd/nodeagentctl
 
 # Every tier that exists: unit + host-kernel netns (as root, with the VM
 # runner's own smoke test) and the VM tier,

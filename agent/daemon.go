@@ -146,6 +146,9 @@ func (d *Daemon) load() error {
 	if err != nil {
 		return err
 	}
+	if u := Unsupported(c); len(u) > 0 {
+		return &InvalidError{fmt.Errorf("%s: uses sections this build cannot converge yet: %s", d.o.Config, strings.Join(u, ", "))}
+	}
 	raw, _ := os.ReadFile(d.o.Config)
 	sum := sha256.Sum256(raw)
 	d.cfg, d.desired, d.hash = c, des, hex.EncodeToString(sum[:8])
@@ -344,6 +347,9 @@ func (d *Daemon) sync(ctx context.Context, trigger string) error {
 	if postErr != nil && syncErr == nil {
 		syncErr = postErr
 	}
+	if trigger == "start" || trigger == "resync" {
+		d.checkARP(ctx)
+	}
 	pending, failed := netcfg.Split(syncErr)
 	if perr != nil {
 		_, f := netcfg.Split(perr)
@@ -408,8 +414,15 @@ func (d *Daemon) apply(ctx context.Context, des netcfg.Desired, pre netcfg.Plans
 // changes, the running config stays, and status says which file and line.
 func (d *Daemon) reload(trigger string) {
 	if trigger != "resync" {
+		// systemd wants READY=1 again once a reload is done.
 		d.notify.Reloading()
-		defer d.notify.Status(d.summary())
+		defer func() {
+			if d.ready {
+				d.notify.Ready(d.summary())
+			} else {
+				d.notify.Status(d.summary())
+			}
+		}()
 	}
 	old := d.hash
 	err := d.load()
@@ -437,6 +450,30 @@ func (d *Daemon) reload(trigger string) {
 			d.files.set(d.peerDirs(), d.log)
 		}
 	}
+}
+
+// checkARP resolves every checks.arpReachable address and reports the
+// ARPReachable condition (the seeds' outage: a node that could not ARP a
+// VIP it announced itself).
+func (d *Daemon) checkARP(ctx context.Context) {
+	probes := ARPProbes(d.host, d.cfg)
+	if len(probes) == 0 {
+		return
+	}
+	failed := runProbes(ctx, probes)
+	if len(failed) == 0 {
+		d.setCondition(api.CondARPReachable, api.True, "Resolved", fmt.Sprintf("%d address(es) answer ARP", len(probes)))
+		d.refreshHealth()
+		return
+	}
+	var msgs []string
+	for _, p := range probes {
+		if err := failed[p.Name]; err != nil {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	d.setCondition(api.CondARPReachable, api.False, "Unresolved", strings.Join(msgs, "; "))
+	d.refreshHealth()
 }
 
 func (d *Daemon) peerDirs() []string {

@@ -267,6 +267,27 @@ func TestDriftRepairedFromEvents(t *testing.T) {
 	if !has(r.log.String(), "drift repaired") {
 		t.Error("the log does not show the repairs")
 	}
+	// The repairs are counted by kind in the metrics.
+	mfs, err := r.d.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	repairs := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "nodeagent_drift_repairs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				repairs[lp.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	for _, kind := range []string{"links", "routes", "nftables", "wireguard"} {
+		if repairs[kind] < trials {
+			t.Errorf("nodeagent_drift_repairs_total{kind=%q} = %v, want >= %d", kind, repairs[kind], trials)
+		}
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -283,14 +304,16 @@ func kernelState(t *testing.T, ns *testenv.NetNS) string {
 		b.WriteString(ns.Exec(t, c...))
 	}
 	// Counters and what the kernel does by itself (IPv6 link-local
-	// addresses finishing DAD, their local routes) are not configuration.
+	// addresses finishing DAD, their local routes, the operational state
+	// linkwatch settles) are not configuration.
 	var out []string
 	for _, line := range strings.Split(b.String(), "\n") {
 		line = strings.TrimSpace(strings.ReplaceAll(line, " tentative", ""))
 		if line == "" || strings.Contains(line, "fe80::") {
 			continue
 		}
-		out = append(out, regexp.MustCompile(`packets \d+ bytes \d+`).ReplaceAllString(line, "counter"))
+		line = regexp.MustCompile(`packets \d+ bytes \d+`).ReplaceAllString(line, "counter")
+		out = append(out, regexp.MustCompile(` state (UP|DOWN|UNKNOWN|LOWERLAYERDOWN) `).ReplaceAllString(line, " state * "))
 	}
 	return strings.Join(out, "\n")
 }
@@ -526,4 +549,26 @@ func TestSdNotify(t *testing.T) {
 	if msgs := n.all(); !has(msgs[len(msgs)-1].text, "STOPPING=1") {
 		t.Errorf("last message %q, want STOPPING=1", msgs[len(msgs)-1].text)
 	}
+}
+
+// TestARPReachableCondition: checks.arpReachable addresses are resolved by
+// ARP at start and every resync, and reported as the ARPReachable
+// condition, which degrades the node while one does not answer.
+func TestARPReachableCondition(t *testing.T) {
+	l := newLab(t)
+	l.node.Exec(t, "ip", "addr", "add", "192.0.2.1/24", "dev", "enp1s0")
+	l.peer.Exec(t, "ip", "addr", "add", "192.0.2.20/24", "dev", "eth0")
+	good, _ := os.ReadFile(l.cfg)
+	l.write(t, strings.Replace(string(good), "checks:\n", "checks:\n  arpReachable: [192.0.2.20, 192.0.2.21]\n", 1))
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Second })
+	cond := func() *api.Condition { s := r.d.Status(); return s.Condition(api.CondARPReachable) }
+	waitFor(t, "ARPReachable=False", 10*time.Second, func() bool { c := cond(); return c != nil && c.Status == api.False })
+	if c := cond(); !has(c.Message, "192.0.2.21") || has(c.Message, "192.0.2.20 ") {
+		t.Errorf("ARPReachable message %q: want only 192.0.2.21 named", c.Message)
+	}
+	if s := r.d.Status(); !s.Degraded {
+		t.Error("a failing ARP check does not degrade the node")
+	}
+	l.peer.Exec(t, "ip", "addr", "add", "192.0.2.21/24", "dev", "eth0")
+	waitFor(t, "ARPReachable=True", 15*time.Second, func() bool { c := cond(); return c != nil && c.Status == api.True })
 }

@@ -87,6 +87,10 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 			}
 		}
 	}
+	d.metrics.SetKillSwitchDrops(post.Nft.Observed.KillSwitchDrops.Packets)
+	if !post.Empty() {
+		d.log.Debug("not converged after the sync", "plan", post.String())
+	}
 	devs := wireGuardStatus(post.WG)
 	d.metrics.SyncDone(trigger, dur, failedSubs)
 	d.metrics.SetWireGuard(devs)
@@ -142,7 +146,7 @@ func (d *Daemon) refreshHealth() {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed)
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable)
 	healthy := s.Ready && !s.Degraded
 	d.mu.Unlock()
 	d.metrics.SetReady(healthy)

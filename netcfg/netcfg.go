@@ -184,9 +184,14 @@ func (c *Converger) PlanWG(ctx context.Context, d Desired) (wg.Plan, error) {
 func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 	p, err := c.Plan(ctx, d)
 	errs := []error{err}
-	for _, line := range strings.Split(strings.TrimSpace(p.String()), "\n") {
-		if line != "" {
-			c.log().Info("change", "op", line)
+	for _, sub := range []struct{ name, text string }{
+		{"nftables", p.Nft.String()}, {"links", p.Link.String()}, {"wireguard", p.WG.String()},
+		{"sysctls", p.Sysctl.String()}, {"routes", p.Route.String()},
+	} {
+		for _, line := range strings.Split(strings.TrimSpace(sub.text), "\n") {
+			if line != "" {
+				c.log().Info("change", "subsystem", sub.name, "op", line)
+			}
 		}
 	}
 	if !p.Nft.Empty() {

@@ -50,6 +50,8 @@ Flags:
       --metrics ADDR  with run: serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9477;
                       env NODEAGENT_METRICS; default off)
       --resync DUR    with run: full resync period (default 30s)
+      --log-level LVL debug (full plans), info (changes; default), warn or error;
+                      env NODEAGENT_LOG_LEVEL
   -h, --help          this help
 
 Exit status: 0 success, 1 failure or invalid config, 2 usage error.
@@ -68,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.String("socket", api.DefaultSocket, "local API socket")
 	fs.String("metrics", "", "metrics listen address")
 	resync := fs.Duration("resync", agent.DefaultResync, "resync period")
+	fs.String("log-level", "info", "log level")
 	help := fs.BoolP("help", "h", false, "help")
 	if err := fs.Parse(args); err != nil {
 		fmt.Fprintf(stderr, "nodeagent: %v\n\n", err)
@@ -81,6 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	v.BindPFlag("rt_tables", fs.Lookup("rt-tables"))
 	v.BindPFlag("socket", fs.Lookup("socket"))
 	v.BindPFlag("metrics", fs.Lookup("metrics"))
+	v.BindPFlag("log_level", fs.Lookup("log-level"))
 	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables")}
 
 	if *help || fs.NArg() == 0 {
@@ -92,7 +96,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(v.GetString("log_level"))); err != nil {
+		fmt.Fprintf(stderr, "nodeagent: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	var err error
 	switch cmd := fs.Arg(0); cmd {

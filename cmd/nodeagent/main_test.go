@@ -106,7 +106,7 @@ func TestManPageCoversUsage(t *testing.T) {
 	}
 	page := strings.ReplaceAll(string(man), `\-`, "-")
 	for _, word := range []string{"run", "validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
-		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync"} {
+		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync", "--log-level", "NODEAGENT_LOG_LEVEL"} {
 		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, api.DefaultSocket), word) {
 			t.Errorf("usage lacks %q", word)
 		}
