@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -105,6 +106,9 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 		count = d.status.LastSync.Count + 1
 	}
 	d.status.Node = d.cfg.Node.Name
+	if d.status.Node == "" {
+		d.status.Node, _ = os.Hostname()
+	}
 	d.status.ConfigHash = d.hash
 	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: trigger, Changes: total, Count: count}
 	d.status.Subsystems = subs

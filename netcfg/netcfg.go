@@ -189,7 +189,13 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 		{"sysctls", p.Sysctl.String()}, {"routes", p.Route.String()},
 	} {
 		for _, line := range strings.Split(strings.TrimSpace(sub.text), "\n") {
-			if line != "" {
+			switch {
+			case line == "":
+			case line[0] == '!':
+				// Reported by the caller (status, the exit code); logged
+				// at every sync it would drown the changes.
+				c.log().Debug("not applied", "subsystem", sub.name, "op", line)
+			default:
 				c.log().Info("change", "subsystem", sub.name, "op", line)
 			}
 		}

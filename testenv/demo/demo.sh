@@ -7,10 +7,15 @@
 # (DAD), and teardown. The host's own networking is never touched.
 set -euo pipefail
 bin=${1:-bin/nodeagent}
+ctl=${2:-$(dirname "$bin")/nodeagentctl}
 [ "$(id -u)" = 0 ] || { echo "make demo needs root: it creates network namespaces" >&2; exit 1; }
 node=na-demo-node lan=na-demo-lan tun=na-demo-tun wan=na-demo-wan
 dir=$(mktemp -d)
-cleanup() { for n in $node $lan $tun $wan; do ip netns del $n 2>/dev/null || true; done; rm -rf "$dir"; }
+daemon=""
+cleanup() {
+  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+  for n in $node $lan $tun $wan; do ip netns del $n 2>/dev/null || true; done; rm -rf "$dir"
+}
 trap cleanup EXIT
 cleanup; dir=$(mktemp -d)
 
@@ -96,5 +101,19 @@ dev=eth0; [ "$parent" = enp1s0.50 ] && dev=eth0.50
 ip -n $lan addr add 10.10.50.30/24 dev $dev
 sed -i 's#10.10.50.3/24\]#10.10.50.3/24, 10.10.50.30/24]#' "$dir/nodeagent.yaml"
 in_node "$bin" apply --once -c "$dir/nodeagent.yaml" || echo "(exit $? — as expected)"
+sed -i 's#10.10.50.3/24, 10.10.50.30/24\]#10.10.50.3/24]#' "$dir/nodeagent.yaml"
+step "the daemon: nodeagent run, and nodeagentctl over its socket"
+sock="$dir/nodeagent.sock"
+in_node "$bin" run -c "$dir/nodeagent.yaml" --socket "$sock" 2>"$dir/daemon.log" & daemon=$!
+"$ctl" --socket "$sock" wait --for=ready --timeout=30s
+"$ctl" --socket "$sock" status || true
+step "someone deletes the VLAN's rule by hand: the daemon puts it back (kernel event, not a timer)"
+in_node ip rule del priority 1000; sleep 0.5; in_node ip rule show priority 1000
+step "a broken config edit is rejected whole; status says where"
+cp "$dir/nodeagent.yaml" "$dir/good.yaml"; sed -i 's#10.10.50.0/24, table: 150#10.10.50.0/33, table: 150#' "$dir/nodeagent.yaml"
+"$ctl" --socket "$sock" reload || echo "(exit $? — as expected)"
+cp "$dir/good.yaml" "$dir/nodeagent.yaml"; "$ctl" --socket "$sock" reload
+kill "$daemon"; wait "$daemon" || true; daemon=""
+step "the daemon's log (changes at info)"; grep -E 'change|drift|rejected' "$dir/daemon.log" | head -20 || true
 step "nodeagent teardown"; in_node "$bin" teardown
 step "what is left on the node (only what nodeagent did not create)"; in_node ip -br link
