@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -126,6 +127,7 @@ type lab struct {
 	cfg        string
 	wg         string
 	peerKey    wgtypes.Key
+	secret     string // the device's private key, which must never be printed
 	vlan       bool
 }
 
@@ -137,6 +139,7 @@ func newLab(t *testing.T) *lab {
 	k, _ := wgtypes.GeneratePrivateKey()
 	pk, _ := wgtypes.GeneratePrivateKey()
 	l.peerKey = pk.PublicKey()
+	l.secret = k.String()
 	key := filepath.Join(dir, "wg.key")
 	os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
 	l.vlan = testenv.HasModule("8021q")
@@ -266,6 +269,18 @@ func TestDriftRepairedFromEvents(t *testing.T) {
 	}
 	if !has(r.log.String(), "drift repaired") {
 		t.Error("the log does not show the repairs")
+	}
+	// Keys never reach the log, the status or the metrics.
+	st, _ := json.Marshal(r.d.Status())
+	var scrape strings.Builder
+	mfsAll, _ := r.d.Metrics().Registry.Gather()
+	for _, mf := range mfsAll {
+		scrape.WriteString(mf.String())
+	}
+	for what, text := range map[string]string{"log": r.log.String(), "status": string(st), "metrics": scrape.String()} {
+		if has(text, l.secret) {
+			t.Errorf("the WireGuard private key appears in the daemon's %s", what)
+		}
 	}
 	// The repairs are counted by kind in the metrics.
 	mfs, err := r.d.Metrics().Registry.Gather()
