@@ -55,6 +55,7 @@ type Handle struct {
 
 	configWrites atomic.Int64
 	peerWrites   atomic.Int64
+	configNanos  atomic.Int64 // time spent in wgctrl writes, for the benchmark's breakdown
 }
 
 type resolution struct {
@@ -151,7 +152,10 @@ func (h *Handle) configure(name string, cfg wgtypes.Config) error {
 	h.configWrites.Add(1)
 	h.peerWrites.Add(int64(len(cfg.Peers)))
 	h.Host.Wrote(1)
-	return c.ConfigureDevice(name, cfg)
+	start := time.Now()
+	err = c.ConfigureDevice(name, cfg)
+	h.configNanos.Add(int64(time.Since(start)))
+	return err
 }
 
 // resolve returns the address of an endpoint (host:port). Addresses are

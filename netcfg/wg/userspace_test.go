@@ -106,10 +106,11 @@ func usAddr(t *testing.T, ns *testenv.NetNS, dev, cidr string) {
 	}
 }
 
-// usEventually polls cond for up to 3 s.
+// usEventually polls cond for up to 20 s (TCG in the VM tier is slow to
+// notice a deleted TUN link).
 func usEventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(3 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
