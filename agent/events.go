@@ -35,10 +35,10 @@ func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[intere
 		return err
 	}
 	defer cur.Close()
+	// netns.None() for the process's own namespace: the socket is then
+	// opened without a setns, which needs CAP_SYS_ADMIN (the systemd unit
+	// grants only CAP_NET_ADMIN and CAP_NET_RAW).
 	ns := h.NS()
-	if !ns.IsOpen() {
-		ns = cur
-	}
 	sock, err := nl.SubscribeAt(ns, cur, unix.NETLINK_ROUTE,
 		unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
 		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)

@@ -414,15 +414,21 @@ func (c *cpioWriter) pad() {
 	}
 }
 
-// add writes one entry. dev is (major, minor) of a device node.
+// add writes one entry owned by root. dev is (major, minor) of a device
+// node.
 func (c *cpioWriter) add(name string, mode uint32, data []byte, major, minor uint32) error {
+	return c.addOwned(name, mode, data, major, minor, 0, 0)
+}
+
+// addOwned writes one entry owned by uid and gid.
+func (c *cpioWriter) addOwned(name string, mode uint32, data []byte, major, minor, uid, gid uint32) error {
 	c.ino++
 	nlink := uint32(1)
 	if mode&0o170000 == cpioDir {
 		nlink = 2
 	}
 	hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
-		c.ino, mode, 0, 0, nlink, 0, len(data), 0, 0, major, minor, len(name)+1, 0)
+		c.ino, mode, uid, gid, nlink, 0, len(data), 0, 0, major, minor, len(name)+1, 0)
 	c.write([]byte(hdr))
 	c.write([]byte(name + "\x00"))
 	c.pad()

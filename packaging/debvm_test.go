@@ -1,0 +1,164 @@
+package packaging
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeagent/nodeagent/testenv"
+	"github.com/nodeagent/nodeagent/testenv/vm"
+)
+
+// debVMPackages is the rootfs of the package test: a minimal Debian with
+// systemd and the tools the acceptance script observes with (dbus for
+// systemd-analyze security).
+var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools"}
+
+// debSteps are the acceptance steps the script in the VM reports, in order.
+var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "security", "purge"}
+
+var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
+
+// TestDebInSystemdVM is the package tier (DESIGN.md §7, tier 5): it builds
+// the .deb, lints it on the host, then boots a Debian rootfs (mmdebstrap,
+// cached in the VM cache directory) with systemd as PID 1 on Debian's
+// kernel under qemu, where testdata/deb-acceptance.sh installs it, starts
+// it with a test config (a VLAN on a dummy trunk, a rule, a masquerade,
+// kernel and userspace WireGuard), reloads it, kills it, wedges it for the
+// watchdog, prints the unit's systemd-analyze security score and purges it.
+// Each step is a subtest; each check in it that failed is an error.
+//
+// It runs as root with NODEAGENT_DEB_VM=1 (make test sets it): it takes
+// about two minutes on two cores.
+func TestDebInSystemdVM(t *testing.T) {
+	if os.Getenv("NODEAGENT_DEB_VM") != "1" {
+		t.Skip("set NODEAGENT_DEB_VM=1 (as root) to build the .deb and boot it in a systemd VM")
+	}
+	testenv.RequireRoot(t)
+	for _, tool := range []string{"mmdebstrap", "lintian", "qemu-system-x86_64", "depmod"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is missing (.ci/run installs it): %v", tool, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	dist := t.TempDir()
+	start := time.Now()
+	build := exec.CommandContext(ctx, "./build-deb.sh", dist)
+	build.Dir = "."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build-deb.sh: %v\n%s", err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dist, "nodeagent_*_amd64.deb"))
+	if len(debs) != 1 {
+		t.Fatalf("build-deb.sh made %d packages, want 1", len(debs))
+	}
+	t.Logf("built %s in %.1fs", filepath.Base(debs[0]), time.Since(start).Seconds())
+
+	t.Run("lintian", func(t *testing.T) {
+		out, err := exec.CommandContext(ctx, "lintian", "--fail-on", "error", debs[0]).CombinedOutput()
+		t.Logf("lintian:\n%s", out)
+		if err != nil {
+			t.Errorf("lintian reports errors: %v", err)
+		}
+	})
+
+	overlay := t.TempDir()
+	files := map[string]string{
+		"usr/local/sbin/deb-acceptance":             "testdata/deb-acceptance.sh",
+		"etc/systemd/system/deb-acceptance.service": "testdata/deb-acceptance.service",
+		"root/deb/" + filepath.Base(debs[0]):        debs[0],
+	}
+	for dst, src := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mode := os.FileMode(0o644)
+		if strings.HasSuffix(src, ".sh") {
+			mode = 0o755
+		}
+		os.MkdirAll(filepath.Join(overlay, filepath.Dir(dst)), 0o755)
+		if err := os.WriteFile(filepath.Join(overlay, dst), b, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	links := map[string]string{
+		"etc/systemd/system/default.target.wants/deb-acceptance.service": "/etc/systemd/system/deb-acceptance.service",
+		// The console is the test's output, not a login prompt.
+		"etc/systemd/system/serial-getty@ttyS0.service": "/dev/null",
+		"etc/systemd/system/getty@tty1.service":         "/dev/null",
+	}
+	for dst, target := range links {
+		os.MkdirAll(filepath.Join(overlay, filepath.Dir(dst)), 0o755)
+		if err := os.Symlink(target, filepath.Join(overlay, dst)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	type check struct {
+		name, reason string
+		ok           bool
+	}
+	results := map[string][]check{}
+	var score string
+	done := false
+	res, err := vm.BootSystem(ctx, vm.SystemConfig{
+		Packages: debVMPackages,
+		Overlay:  overlay,
+		Log:      testWriter{t},
+		Console: func(line string) {
+			t.Log(line)
+			m := marker.FindStringSubmatch(line)
+			if m == nil {
+				return
+			}
+			switch m[1] {
+			case "done":
+				done = true
+			case "score":
+				score = strings.TrimSpace(m[2])
+			default:
+				name, reason, _ := strings.Cut(strings.TrimSpace(m[2]), " ")
+				step, chk, _ := strings.Cut(name, "/")
+				results[step] = append(results[step], check{chk, reason, m[1] == "pass"})
+			}
+		},
+	})
+	if res != nil {
+		t.Logf("kernel %s, rootfs %.1fs, initrd %.0f MiB, vm %.1fs", res.KernelVersion, res.Rootfs.Seconds(), float64(res.InitrdBytes)/(1<<20), res.Boot.Seconds())
+	}
+	if err != nil {
+		t.Errorf("vm: %v", err)
+	}
+	if !done {
+		t.Errorf("the acceptance script did not finish (no @@deb:done@@ on the console)")
+	}
+	t.Logf("systemd-analyze security: overall exposure level %s", score)
+	for _, step := range debSteps {
+		t.Run(step, func(t *testing.T) {
+			if len(results[step]) == 0 {
+				t.Fatalf("step %s reported nothing", step)
+			}
+			for _, c := range results[step] {
+				if !c.ok {
+					t.Errorf("%s: %s", c.name, c.reason)
+				}
+			}
+		})
+	}
+}
+
+// testWriter sends the VM runner's notes to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

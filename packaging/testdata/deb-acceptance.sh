@@ -1,0 +1,192 @@
+#!/bin/bash
+# The package acceptance test, run inside a Debian VM booted with systemd
+# (packaging/debvm_test.go). Each check prints a marker the host test
+# parses: @@deb:pass STEP/CHECK@@ or @@deb:fail STEP/CHECK reason@@; the
+# last line is @@deb:done@@. The VM powers off at the end, whatever happens.
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export SYSTEMD_PAGER= SYSTEMD_COLORS=0 LC_ALL=C.UTF-8
+exec 2>&1
+
+step=none
+begin() { step=$1; echo "=== step $step"; }
+pass() { echo "@@deb:pass $step/$1@@"; }
+fail() { echo "@@deb:fail $step/$1 ${2:-}@@"; }
+# check NAME CMD...: pass if CMD succeeds; its output is shown either way.
+check() {
+	local name=$1 out rc
+	shift
+	out=$("$@" 2>&1); rc=$?
+	[[ -n $out ]] && printf '%s\n' "$out" | sed 's/^/    /' | head -60
+	if ((rc == 0)); then pass "$name"; else fail "$name" "exit $rc: $*"; fi
+	return $rc
+}
+# wait_for SECONDS CMD...: poll until CMD succeeds.
+wait_for() {
+	local deadline=$((SECONDS + $1))
+	shift
+	until "$@" >/dev/null 2>&1; do
+		((SECONDS >= deadline)) && return 1
+		sleep 0.5
+	done
+}
+finish() {
+	echo "@@deb:done@@"
+	sync
+	systemctl poweroff --force --no-block
+}
+trap finish EXIT
+
+is() { [[ $(systemctl is-active nodeagent) == "$1" ]]; }
+restarts() { systemctl show -p NRestarts --value nodeagent; }
+ifindex() { cat "/sys/class/net/$1/ifindex"; }
+# write_config FILE: replace the config atomically, as an editor would.
+write_config() { cat > /etc/nodeagent/.new.yaml && mv /etc/nodeagent/.new.yaml /etc/nodeagent/nodeagent.yaml; }
+
+echo "kernel $(uname -r), $(systemctl --version | head -1)"
+
+# --- 1. install ---------------------------------------------------------
+begin install
+deb=$(ls /root/deb/nodeagent_*_amd64.deb)
+check dpkg-i dpkg -i "$deb"
+check group getent group nodeagent
+check enabled test "$(systemctl is-enabled nodeagent)" = enabled
+check not-started test "$(systemctl is-active nodeagent)" = inactive
+check default-config-validates nodeagent validate
+check default-config-inert test "$(nodeagent plan)" = "no changes"
+check conffile grep -q /etc/nodeagent/nodeagent.yaml /var/lib/dpkg/info/nodeagent.conffiles
+check man-pages test -f /usr/share/man/man5/nodeagent.yaml.5.gz -a -f /usr/share/man/man8/nodeagent.8.gz
+
+# --- 2. start with a test config ------------------------------------------
+begin start
+ip link add trunk0 type dummy && ip link set trunk0 up
+(umask 077; mkdir -p /etc/nodeagent/keys; wg genkey > /etc/nodeagent/keys/wg0.key; wg genkey > /etc/nodeagent/keys/wg1.key)
+peer=$(wg genkey | wg pubkey)
+config() {
+	cat <<EOF
+dad: {disabled: true}
+sysctls: {net.ipv4.ip_forward: "1"}
+vlans:
+  - {name: trunk0.50, parent: trunk0, id: 50, addresses: [10.10.50.1/24]}
+$1
+wireguard:
+  - name: wg0
+    implementation: kernel
+    privateKeyFile: /etc/nodeagent/keys/wg0.key
+    listenPort: 51820
+    addresses: [10.90.0.1/24]
+    peersDir: /etc/nodeagent/peers.d
+    peers:
+      - {name: laptop, publicKey: $peer, allowedIPs: [10.90.0.2/32]}
+  - name: wg1
+    implementation: userspace
+    privateKeyFile: /etc/nodeagent/keys/wg1.key
+    listenPort: 51821
+    addresses: [10.91.0.1/24]
+routing:
+  tables:
+    - {id: 150, name: vlan50-egress, killSwitch: true, routes: [{to: default, dev: wg0}]}
+  rules:
+    - {priority: 1000, from: 10.10.50.0/24, table: 150}
+firewall:
+  masquerade: [{from: 10.90.0.0/24, out: trunk0}]
+  killSwitch: [{from: 10.10.50.0/24, allowOut: [wg0]}]
+checks: {gatewayARP: false}
+EOF
+}
+config "" | write_config
+check test-config-validates nodeagent validate
+# The test hook (SIGUSR2 wedges the loop) and a short watchdog for step 5.
+mkdir -p /etc/systemd/system/nodeagent.service.d
+printf '[Service]\nEnvironment=NODEAGENT_TEST_HOOKS=1\nWatchdogSec=6s\n' > /etc/systemd/system/nodeagent.service.d/test.conf
+systemctl daemon-reload
+modules_before=$(ls /sys/module | tr '\n' ' ')
+t0=$SECONDS
+check systemctl-start systemctl start nodeagent
+echo "    systemctl start took $((SECONDS - t0))s"
+# Type=notify: start returns only after READY=1, so the unit is active
+# (not activating) the moment it returns.
+check active-after-start is active
+check ready-status systemctl show -p StatusText -p NRestarts -p Result nodeagent
+check nodeagentctl-status nodeagentctl status
+check status-shows-wg0 sh -c 'nodeagentctl status | grep -q wg0'
+check status-json sh -c 'nodeagentctl status -o json | grep -q "\"ready\": true"'
+check vlan ip -d link show trunk0.50
+check wg-kernel wg show wg0
+check wg-userspace sh -c 'test -S /run/wireguard/wg1.sock && wg show wg1'
+check rule sh -c 'ip rule show | grep "^1000:" | grep -q "lookup vlan50-egress"'
+check route-proto sh -c 'ip route show table 150 | grep -q "proto nodeagent"'
+check rt-tables-name grep -q vlan50-egress /etc/iproute2/rt_tables.d/nodeagent.conf
+check masquerade sh -c 'nft list table inet nodeagent | grep -q masquerade'
+check sysctl test "$(cat /proc/sys/net/ipv4/ip_forward)" = 1
+check journal sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -q "msg="'
+journalctl -u nodeagent --no-pager -o cat | head -40 | sed 's/^/    journal: /'
+# ProtectKernelModules=yes: the daemon cannot load modules itself, but the
+# kernel autoloads what its netlink requests need.
+for m in 8021q wireguard nft_objref nft_masq; do
+	case " $modules_before " in *" $m "*) echo "    $m was loaded before the start";; esac
+	check "autoloaded-$m" test -d "/sys/module/$m"
+done
+
+# --- 3. reload ----------------------------------------------------------
+begin reload
+config "  - {name: trunk0.51, parent: trunk0, id: 51}" | write_config
+check reload systemctl reload nodeagent
+check applied wait_for 10 ip link show trunk0.51
+check active-after-reload is active
+printf 'vlans:\n  - {name: trunk0.52, parent: trunk0, id: 5000}\n' | write_config
+if systemctl reload nodeagent; then fail broken-rejected "systemctl reload accepted a VLAN id 5000"; else pass broken-rejected; fi
+sleep 1
+check active-after-broken is active
+check running-config-stays ip link show trunk0.51
+check rejection-in-status sh -c 'nodeagentctl status -o json | grep -q lastRejected'
+config "  - {name: trunk0.51, parent: trunk0, id: 51}" | write_config
+check reload-fixed systemctl reload nodeagent
+check ready-again wait_for 20 nodeagentctl status
+
+# --- 4. SIGKILL: restarted, objects re-adopted ---------------------------
+begin kill
+vlan_idx=$(ifindex trunk0.50) wg_idx=$(ifindex wg0) n0=$(restarts)
+check kill systemctl kill -s KILL nodeagent
+check restarted wait_for 60 sh -c "test \$(systemctl show -p NRestarts --value nodeagent) -gt $n0 && test \$(systemctl is-active nodeagent) = active"
+check ready-again wait_for 30 nodeagentctl status
+check vlan-ifindex-unchanged test "$(ifindex trunk0.50)" = "$vlan_idx"
+check wg-ifindex-unchanged test "$(ifindex wg0)" = "$wg_idx"
+systemctl show -p NRestarts -p ExecMainStatus nodeagent | sed 's/^/    /'
+
+# --- 5. watchdog ----------------------------------------------------------
+begin watchdog
+n0=$(restarts)
+check wedge systemctl kill -s USR2 --kill-who=main nodeagent
+check restarted wait_for 60 sh -c "test \$(systemctl show -p NRestarts --value nodeagent) -gt $n0 && test \$(systemctl is-active nodeagent) = active"
+check watchdog-fired sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -i "watchdog timeout"'
+check ready-again wait_for 30 nodeagentctl status
+check vlan-ifindex-unchanged test "$(ifindex trunk0.50)" = "$vlan_idx"
+
+# --- 6. systemd-analyze security -------------------------------------------
+begin security
+systemd-analyze security --no-pager nodeagent.service | sed 's/^/    /'
+score=$(systemd-analyze security --no-pager nodeagent.service | grep -o 'Overall exposure level for nodeagent.service: [0-9.]* [A-Z]*')
+echo "@@deb:score ${score##*: }@@"
+check printed test -n "$score"
+
+# --- 7. purge -------------------------------------------------------------
+begin purge
+check purge dpkg --purge nodeagent
+check stopped sh -c '! systemctl is-active --quiet nodeagent'
+check unit-gone test ! -e /lib/systemd/system/nodeagent.service
+check config-gone test ! -e /etc/nodeagent
+check state-gone test ! -e /var/lib/nodeagent
+check kernel-vlan-stays ip link show trunk0.50
+check kernel-wg-stays ip link show wg0
+check kernel-nft-stays nft list table inet nodeagent
+check kernel-rule-stays sh -c 'ip rule show | grep -q "^1000:"'
+# teardown is the explicit way: reinstall (not started), tear down, purge.
+check reinstall dpkg -i "$deb"
+check teardown nodeagent teardown
+check vlan-gone sh -c '! ip link show trunk0.50'
+check wg-gone sh -c '! ip link show wg0'
+check nft-gone sh -c '! nft list table inet nodeagent'
+check rule-gone sh -c '! ip rule show | grep -q "^1000:"'
+check foreign-trunk-stays ip link show trunk0
+check purge-again dpkg --purge nodeagent
