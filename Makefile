@@ -17,7 +17,7 @@ VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
 VM_CMD_TESTS ?= TestApplyOnceWireGuard
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
-.PHONY: build test test-unit test-vm bench fuzz lint demo clean
+.PHONY: build test test-unit test-vm test-deb deb man bench fuzz lint demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/nodeagent ./cmd/nodeagent
@@ -28,11 +28,27 @@ build:
 # then one summary over both logs.
 test:
 	@mkdir -p $(LOGDIR); status=0; \
-	NODEAGENT_VM_SMOKE=1 $(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
+	$(GO) run ./testenv/cmd/kubeapiserver || status=1; \
+	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
 	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
 	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
 	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \
 	exit $$status
+
+# The .deb: dist/nodeagent_<version>_amd64.deb (nfpm, from packaging/tools).
+deb:
+	GO=$(GO) packaging/build-deb.sh dist
+
+# The package tier alone (also part of `make test`, as TestDebInSystemdVM in
+# host.log): build the .deb, lintian, then install, start, reload, kill,
+# wedge and purge it in a Debian VM running systemd.
+test-deb:
+	NODEAGENT_DEB_VM=1 $(GO) test -count=1 -v -run TestDebInSystemdVM ./packaging
+
+# Regenerate docs/*.8 and docs/nodeagent.yaml.5 from the code (usage texts,
+# config schema); TestGeneratedManPages fails until they are committed.
+man:
+	$(GO) run ./packaging/genman -o docs
 
 # Unit tests only: no root, no VM.
 test-unit:
@@ -59,7 +75,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 clean:
-	rm -rf bin $(LOGDIR)
+	rm -rf bin dist $(LOGDIR)
 
 # A lab in network namespaces running the real agent; never touches the host.
 demo: build

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
+	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
 	"github.com/nodeagent/nodeagent/agent/notify"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -62,6 +63,9 @@ type Daemon struct {
 	us      *wg.Userspace
 	notify  *notify.Notifier
 	metrics *metrics.Metrics
+	// labeler labels the Node in its own goroutine: labels are eventually
+	// consistent and never hold up networking.
+	labeler *kube.Labeler
 	kick    chan string
 	want    atomic.Pointer[interest]
 	files   *fileWatch
@@ -132,6 +136,11 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		}
 		d.host = h
 	}
+	kc, err := kube.FromConfig(d.cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.labeler = kube.New(kc, d.log)
 	d.us = wg.NewUserspace(d.log.With("subsystem", "wireguard"))
 	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us}
 	d.status = api.Status{Version: o.Version, ConfigFile: o.Config, Started: time.Now().UTC(), Conditions: []api.Condition{}}
@@ -226,6 +235,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		d.labeler.Run(ctx)
+	}()
 	return d.loop(ctx, sig)
 }
 
@@ -446,6 +460,9 @@ func (d *Daemon) reload(trigger string) {
 		}
 		d.setCondition(api.CondConfigLoaded, api.True, "Loaded", "config "+d.hash)
 		d.refreshHealth()
+		if kc, err := kube.FromConfig(d.cfg); err == nil && d.labeler != nil {
+			d.labeler.SetConfig(kc)
+		}
 		if d.files != nil {
 			d.files.set(d.peerDirs(), d.log)
 		}
@@ -539,12 +556,16 @@ func (d *Daemon) ask(ctx context.Context, kind string) (any, error) {
 	}
 }
 
-// Status implements apiserver.Backend.
+// Status implements apiserver.Backend. LabelsSynced is reported but counts
+// toward neither Ready nor Degraded: labels never gate networking.
 func (d *Daemon) Status() api.Status {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	s := d.status
 	s.Conditions = append([]api.Condition(nil), s.Conditions...)
+	d.mu.Unlock()
+	if d.labeler != nil {
+		s.Conditions = append(s.Conditions, d.labeler.Condition())
+	}
 	return s
 }
 

@@ -20,7 +20,9 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/testenv"
+	"github.com/nodeagent/nodeagent/testenv/kubetest"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // syncBuffer is a log sink the daemon and the test share.
@@ -586,4 +588,65 @@ func TestARPReachableCondition(t *testing.T) {
 	}
 	l.peer.Exec(t, "ip", "addr", "add", "192.0.2.21/24", "dev", "eth0")
 	waitFor(t, "ARPReachable=True", 15*time.Second, func() bool { c := cond(); return c != nil && c.Status == api.True })
+}
+
+// TestLabelsNeverBlockNetworking runs the daemon with Node labels while
+// the API server is down: networking converges and the daemon is ready,
+// LabelsSynced is False (Unreachable); once a real API server (Node,RBAC,
+// NodeRestriction) is up and the kubelet has registered the Node, the
+// labels arrive, applied with the node's own identity.
+func TestLabelsNeverBlockNetworking(t *testing.T) {
+	if testenv.InVM() {
+		t.Skip("the host tier runs this: the VM has no etcd or kube-apiserver")
+	}
+	kubetest.Require(t)
+	srv, err := kubetest.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	l := newLab(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubelet.kubeconfig")
+	if err := srv.WriteNodeKubeconfig(kubeconfig, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+	good, _ := os.ReadFile(l.cfg)
+	l.write(t, "node: {name: node-a}\n"+string(good)+fmt.Sprintf(`kubernetes:
+  kubeconfig: %s
+  hold: 0s
+  labels: {homelab.example/vpn-ingress: "true"}
+  conditionalLabels:
+    - {key: homelab.example/converged, value: "true", when: converged}
+`, kubeconfig))
+	r := startDaemon(t, l.node, l.cfg, nil) // returns once networking converged
+	waitFor(t, "LabelsSynced=False", 20*time.Second, func() bool {
+		s := r.d.Status()
+		c := s.Condition(api.CondLabelsSynced)
+		return c != nil && c.Status == api.False && c.Reason == "Unreachable"
+	})
+	if s := r.d.Status(); !s.Ready || s.Degraded {
+		t.Errorf("with the API server down: ready %v, degraded %v; want ready and not degraded", s.Ready, s.Degraded)
+	}
+	if out := l.node.Exec(t, "ip", "-br", "addr", "show", "dev", "shim0"); !has(out, "10.10.50.3/24") {
+		t.Errorf("networking did not converge while the API server was down: %s", out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := srv.Start(ctx, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CreateNode(ctx, "node-a", nil); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	waitFor(t, "the labels on node-a", 90*time.Second, func() bool {
+		n, err := srv.Admin.CoreV1().Nodes().Get(ctx, "node-a", metav1.GetOptions{})
+		return err == nil && n.Labels["homelab.example/vpn-ingress"] == "true" && n.Labels["homelab.example/converged"] == "true"
+	})
+	t.Logf("labels arrived %s after the API server and the Node were up", time.Since(started).Round(10*time.Millisecond))
+	waitFor(t, "LabelsSynced=True", 20*time.Second, func() bool {
+		s := r.d.Status()
+		c := s.Condition(api.CondLabelsSynced)
+		return c != nil && c.Status == api.True
+	})
 }

@@ -55,7 +55,8 @@ func Load(o Options) (*config.Config, netcfg.Desired, error) {
 // Unsupported lists the config sections this build validates but cannot yet
 // converge. apply and run refuse a config that uses them rather than
 // converge half of it: VLANs without their kill switch would be worse than
-// nothing. (checks are the daemon's: apply --once runs no probes.)
+// nothing. (checks and Node labels are the daemon's: apply --once runs no
+// probes and labels nothing.)
 func Unsupported(c *config.Config) []string {
 	var out []string
 	add := func(n int, what string) {
@@ -70,7 +71,6 @@ func Unsupported(c *config.Config) []string {
 		}
 	}
 	add(pia, "wireguard pia")
-	add(len(c.Kubernetes.Labels)+len(c.Kubernetes.ConditionalLabels), "kubernetes labels")
 	return out
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg/arp"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -75,10 +76,14 @@ func apiServer(c *config.Config) string {
 	if c.Checks.APIServer != "" {
 		return c.Checks.APIServer
 	}
-	if c.Kubernetes.Kubeconfig == "" {
+	path := c.Kubernetes.Kubeconfig
+	if path == "" && c.Kubernetes.Enabled() {
+		path = kube.DefaultKubeconfig
+	}
+	if path == "" {
 		return ""
 	}
-	b, err := os.ReadFile(c.Kubernetes.Kubeconfig)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}

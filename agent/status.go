@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
@@ -140,6 +141,40 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 		d.setCondition(api.CondReady, api.False, "Degraded", failed[0].Error())
 	}
 	d.refreshHealth()
+	d.labeler.Update(d.snapshot(start, post, devs))
+}
+
+// snapshot is what the Node's labels and annotations follow: the
+// conditions conditionalLabels name (wireguard/DEV/healthy, vlan/NAME/up,
+// checks/arp-reachable, converged), the WireGuard status and a one-line
+// summary with no counters or times (every change of it is a Node write).
+func (d *Daemon) snapshot(at time.Time, post netcfg.Plans, devs []api.WireGuardDevice) kube.Snapshot {
+	conds := map[string]bool{}
+	for _, dev := range devs {
+		conds["wireguard/"+dev.Name+"/healthy"] = dev.Implementation != "" && (len(dev.Peers) == 0 || dev.LivePeers > 0)
+	}
+	for _, v := range d.cfg.VLANs {
+		l, ok := post.Link.Observed.Links[v.Name]
+		conds["vlan/"+v.Name+"/up"] = ok && l.Up && l.Owned
+	}
+	s := d.Status()
+	isTrue := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.True }
+	conds["checks/arp-reachable"] = isTrue(api.CondARPReachable)
+	conds["converged"] = isTrue(api.CondConverged)
+	summary := "converged"
+	switch {
+	case !s.Ready:
+		summary = "not ready"
+	case s.Degraded:
+		var why []string
+		for _, c := range s.Conditions {
+			if c.Status == api.False && c.Type != api.CondLabelsSynced {
+				why = append(why, c.Type+"="+c.Reason)
+			}
+		}
+		summary = "degraded: " + strings.Join(why, ", ")
+	}
+	return kube.Snapshot{Conditions: conds, WireGuard: devs, Summary: summary, At: at}
 }
 
 // refreshHealth derives Ready and Degraded from the conditions: ready once

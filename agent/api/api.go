@@ -44,6 +44,11 @@ const (
 	CondSafeApply = "SafeApply"
 	// ARPReachable: every checks.arpReachable address answered ARP.
 	CondARPReachable = "ARPReachable"
+	// LabelsSynced: the Node carries the labels and annotations the config
+	// and the conditions ask for (agent/kube). False with the reason while
+	// the API server is unreachable, the identity is refused, or another
+	// field manager owns a label.
+	CondLabelsSynced = "LabelsSynced"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.

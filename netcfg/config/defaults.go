@@ -12,6 +12,7 @@ const (
 	DefaultWGImplementation = "auto"
 	DefaultRuleAction       = "table"
 	DefaultRouteType        = "unicast"
+	DefaultKubernetesHold   = 30 * time.Second
 )
 
 // applyDefaults fills the fields left at their zero value. pos tells which
@@ -33,6 +34,11 @@ func applyDefaults(c *Config, pos positions) {
 	}
 	if _, written := pos["dad.announcements"]; c.DAD.Announcements == 0 && !written {
 		c.DAD.Announcements = DefaultDADAnnouncements
+	}
+	// Only a config that labels gets a hold, so one without a kubernetes
+	// section reads back as it was written.
+	if _, written := pos["kubernetes.hold"]; c.Kubernetes.Hold == 0 && !written && c.Kubernetes.Enabled() {
+		c.Kubernetes.Hold = DefaultKubernetesHold
 	}
 	for i := range c.Macvlans {
 		if c.Macvlans[i].Mode == "" {

@@ -226,7 +226,33 @@ func TestParseInvalid(t *testing.T) {
 		{"conditional label without when", "kubernetes:\n  conditionalLabels:\n    - {key: homelab.example/egress-gateway, value: \"true\"}\n",
 			`nodeagent.yaml:3: kubernetes.conditionalLabels[0].when: required`},
 		{"conditional label bad when", "kubernetes:\n  conditionalLabels:\n    - key: homelab.example/egress-gateway\n      value: \"true\"\n      when: wg-pia-healthy\n",
-			`nodeagent.yaml:5: kubernetes.conditionalLabels[0].when: "wg-pia-healthy" is not subsystem/name/condition`},
+			`nodeagent.yaml:5: kubernetes.conditionalLabels[0].when: "wg-pia-healthy" is not a condition nodeagent reports; use wireguard/<interface>/healthy, vlan/<name>/up, checks/arp-reachable or converged`},
+		{"conditional label unknown condition", "wireguard:\n  - name: wg-pia\nkubernetes:\n  conditionalLabels:\n    - {key: homelab.example/egress-gateway, value: \"true\", when: wireguard/wg-pia/up}\n",
+			`nodeagent.yaml:5: kubernetes.conditionalLabels[0].when: "wireguard/wg-pia/up" is not a condition nodeagent reports`},
+		{"conditional label bad segment", "kubernetes:\n  conditionalLabels:\n    - {key: homelab.example/egress-gateway, value: \"true\", when: wireguard//healthy}\n",
+			`nodeagent.yaml:3: kubernetes.conditionalLabels[0].when: "wireguard//healthy" is not a condition; use`},
+		{"conditional label undeclared vlan", "kubernetes:\n  conditionalLabels:\n    - {key: homelab.example/vlan50, value: \"true\", when: vlan/enp1s0.50/up}\n",
+			`nodeagent.yaml:3: kubernetes.conditionalLabels[0].when: no VLAN "enp1s0.50" is declared`},
+		{"conditional label arp check without addresses", "kubernetes:\n  conditionalLabels:\n    - {key: homelab.example/vip, value: \"true\", when: checks/arp-reachable}\n",
+			`nodeagent.yaml:3: kubernetes.conditionalLabels[0].when: checks.arpReachable lists no addresses`},
+		{"conditional label forbidden prefix", "kubernetes:\n  conditionalLabels:\n    - {key: node-role.kubernetes.io/egress, value: \"true\", when: converged}\n",
+			`nodeagent.yaml:3: kubernetes.conditionalLabels[0].key: label key "node-role.kubernetes.io/egress" is in the reserved kubernetes.io/k8s.io namespace`},
+		{"conditional label also static", "kubernetes:\n  labels: {homelab.example/gw: \"true\"}\n  conditionalLabels:\n    - {key: homelab.example/gw, value: \"true\", when: converged}\n",
+			`nodeagent.yaml:4: kubernetes.conditionalLabels[0].key: "homelab.example/gw" is also a static label`},
+		{"duplicate conditional label", "kubernetes:\n  conditionalLabels:\n    - {key: homelab.example/gw, value: \"true\", when: converged}\n    - {key: homelab.example/gw, value: \"false\", when: converged}\n",
+			`nodeagent.yaml:4: kubernetes.conditionalLabels[1].key: duplicate conditional label "homelab.example/gw"; first at kubernetes.conditionalLabels[0].key (line 3)`},
+		{"label value too long", "kubernetes:\n  labels:\n    homelab.example/x: " + strings.Repeat("a", 64) + "\n",
+			`nodeagent.yaml:3: kubernetes.labels["homelab.example/x"]: label value "` + strings.Repeat("a", 64) + `" is longer than 63 characters`},
+		{"label name too long", "kubernetes:\n  labels:\n    homelab.example/" + strings.Repeat("a", 64) + ": x\n",
+			`: name is longer than 63 characters`},
+		{"label node-restriction subdomain", "kubernetes:\n  labels:\n    a.node-restriction.kubernetes.io/x: y\n",
+			`label key "a.node-restriction.kubernetes.io/x" is in node-restriction.kubernetes.io/`},
+		{"label kubernetes.io without subdomain", "kubernetes:\n  labels:\n    kubernetes.io/role: gateway\n",
+			`label key "kubernetes.io/role" is in the reserved kubernetes.io/k8s.io namespace`},
+		{"hold negative", "kubernetes:\n  labels: {homelab.example/x: y}\n  hold: -1s\n",
+			`nodeagent.yaml:3: kubernetes.hold: -1s is outside 0s-1h`},
+		{"hold too long", "kubernetes:\n  hold: 2h\n",
+			`nodeagent.yaml:2: kubernetes.hold: 2h0m0s is outside 0s-1h`},
 		{"conditional label undeclared tunnel", "kubernetes:\n  conditionalLabels:\n    - key: homelab.example/egress-gateway\n      value: \"true\"\n      when: wireguard/wg-pia/healthy\n",
 			`nodeagent.yaml:5: kubernetes.conditionalLabels[0].when: no WireGuard interface "wg-pia" is declared`},
 		{"conditional label without value", "wireguard:\n  - name: wg-pia\nkubernetes:\n  conditionalLabels:\n    - key: homelab.example/egress-gateway\n      when: wireguard/wg-pia/healthy\n",
@@ -432,6 +458,18 @@ func TestDefaults(t *testing.T) {
 			want: &Config{File: testFile, DAD: DAD{Probes: 3, Interval: time.Second, Wait: 2 * time.Second, Announcements: 2}},
 		},
 		{
+			name: "kubernetes hold default",
+			src:  "kubernetes:\n  labels: {homelab.example/x: y}\n",
+			want: &Config{File: testFile, DAD: DAD{Probes: 3, Interval: time.Second, Wait: 2 * time.Second, Announcements: 2},
+				Kubernetes: Kubernetes{Labels: map[string]string{"homelab.example/x": "y"}, Hold: DefaultKubernetesHold}},
+		},
+		{
+			name: "kubernetes hold 0 written is kept",
+			src:  "kubernetes:\n  labels: {homelab.example/x: y}\n  hold: 0s\n",
+			want: &Config{File: testFile, DAD: DAD{Probes: 3, Interval: time.Second, Wait: 2 * time.Second, Announcements: 2},
+				Kubernetes: Kubernetes{Labels: map[string]string{"homelab.example/x": "y"}}},
+		},
+		{
 			name: "per-object defaults",
 			src: `macvlans:
   - {name: shim, parent: eth0}
@@ -519,6 +557,20 @@ func TestParseValid(t *testing.T) {
   forward: [{in: wg0, out: enp1s0}]
   killSwitch: [{from: 10.10.50.0/24, allowOut: [wg-pia]}, {from: "fd00:50::/64", allowOut: [wg-pia]}]
   mssClamp: [wg-pia]
+`},
+		{"every condition form", `vlans:
+  - {name: enp1s0.50, parent: enp1s0, id: 50}
+wireguard:
+  - {name: wg-pia, privateKeyFile: /etc/nodeagent/keys/wg-pia.key}
+checks:
+  arpReachable: [192.168.2.20]
+kubernetes:
+  hold: 0s
+  conditionalLabels:
+    - {key: homelab.example/egress-gateway, value: "true", when: wireguard/wg-pia/healthy}
+    - {key: homelab.example/vlan50, value: "true", when: vlan/enp1s0.50/up}
+    - {key: homelab.example/vip, value: "true", when: checks/arp-reachable}
+    - {key: node.kubernetes.io/converged, value: "true", when: converged}
 `},
 		{"trailing empty document", "node: {name: n1}\n---\n"},
 		{"null sections", "vlans:\nrouting:\n"},

@@ -142,31 +142,58 @@ func parseUint32(s string) (uint32, error) {
 	return uint32(n), err
 }
 
-// When is a parsed ConditionalLabel.When: subsystem/name/condition, like
-// wireguard/wg-pia/healthy.
+// When is a parsed ConditionalLabel.When: a condition the daemon derives
+// from its status after every sync. The forms are
+//
+//	wireguard/<interface>/healthy  the device exists and has no peers or a live one
+//	vlan/<name>/up                 the VLAN link is up
+//	checks/arp-reachable           every checks.arpReachable address answers ARP
+//	converged                      the last sync applied without failures
 type When struct {
-	Subsystem string // wireguard
-	Name      string // the object in that subsystem, like an interface name
-	Condition string // healthy
+	Subsystem string // wireguard, vlan, checks; "" for converged
+	Name      string // the object in that subsystem, like an interface name; "" for checks
+	Condition string // healthy, up, arp-reachable, converged
 }
 
-// String formats w the way it is written in the config.
-func (w When) String() string { return w.Subsystem + "/" + w.Name + "/" + w.Condition }
+// String formats w the way it is written in the config; it is also the key
+// of the condition in agent/kube.Snapshot.Conditions.
+func (w When) String() string {
+	switch {
+	case w.Subsystem == "":
+		return w.Condition
+	case w.Name == "":
+		return w.Subsystem + "/" + w.Condition
+	}
+	return w.Subsystem + "/" + w.Name + "/" + w.Condition
+}
 
 var whenSegmentRE = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9_.]*$`)
 
-// ParseWhen parses a conditional label's when, subsystem/name/condition.
+// whenForms is what errors about a when list as the valid forms.
+const whenForms = "wireguard/<interface>/healthy, vlan/<name>/up, checks/arp-reachable or converged"
+
+// ParseWhen parses a conditional label's when. It checks the form only;
+// whether the named interface is declared is the validator's business.
 func ParseWhen(s string) (When, error) {
 	parts := strings.Split(s, "/")
-	if len(parts) != 3 {
-		return When{}, fmt.Errorf("%q is not subsystem/name/condition, like wireguard/wg-pia/healthy", s)
-	}
 	for _, p := range parts {
 		if !whenSegmentRE.MatchString(p) {
-			return When{}, fmt.Errorf("%q is not subsystem/name/condition, like wireguard/wg-pia/healthy", s)
+			return When{}, fmt.Errorf("%q is not a condition; use %s", s, whenForms)
 		}
 	}
-	return When{Subsystem: parts[0], Name: parts[1], Condition: parts[2]}, nil
+	var w When
+	switch {
+	case len(parts) == 3 && parts[0] == "wireguard" && parts[2] == "healthy",
+		len(parts) == 3 && parts[0] == "vlan" && parts[2] == "up":
+		w = When{Subsystem: parts[0], Name: parts[1], Condition: parts[2]}
+	case len(parts) == 2 && parts[0] == "checks" && parts[1] == "arp-reachable":
+		w = When{Subsystem: parts[0], Condition: parts[1]}
+	case len(parts) == 1 && parts[0] == "converged":
+		w = When{Condition: parts[0]}
+	default:
+		return When{}, fmt.Errorf("%q is not a condition nodeagent reports; use %s", s, whenForms)
+	}
+	return w, nil
 }
 
 // checkWGKey reports whether s is a WireGuard key: 32 bytes in standard base64.

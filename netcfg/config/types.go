@@ -186,16 +186,34 @@ type KillSwitch struct {
 
 // Kubernetes configures Node labelling.
 type Kubernetes struct {
+	// Kubeconfig is the credentials to label with. Default: the k3s
+	// kubelet's, so nodeagent acts as system:node:<name> and the Node
+	// authorizer and NodeRestriction confine it to its own Node; inside a
+	// pod with no kubeconfig, the in-cluster service account.
 	Kubeconfig        string             `yaml:"kubeconfig"`
 	Labels            map[string]string  `yaml:"labels"`
 	ConditionalLabels []ConditionalLabel `yaml:"conditionalLabels"`
+	// Hold is how long a conditional label's condition must hold, or
+	// fail, before the label follows it (default 30s; 0 follows at
+	// once), so a flapping tunnel does not churn the scheduler.
+	Hold time.Duration `yaml:"hold"`
+}
+
+// Enabled reports whether the config asks for Node labelling at all: a
+// kubeconfig, a label or a conditional label. A node with nothing to
+// label that still wants the status annotations names its kubeconfig.
+func (k Kubernetes) Enabled() bool {
+	return k.Kubeconfig != "" || len(k.Labels) > 0 || len(k.ConditionalLabels) > 0
 }
 
 // ConditionalLabel is present on the Node only while When holds.
 type ConditionalLabel struct {
 	Key   string `yaml:"key"`
 	Value string `yaml:"value"`
-	When  string `yaml:"when"`
+	// When is the condition: wireguard/<interface>/healthy (the device
+	// exists and has no peers or a live one), vlan/<name>/up,
+	// checks/arp-reachable or converged.
+	When string `yaml:"when"`
 }
 
 // Checks are probes the node must pass. The daemon runs them every resync

@@ -186,7 +186,7 @@ func (v *validator) validate(c *Config) {
 	v.wireguard(c.WireGuard, seenAddrs)
 	v.routing(c.Routing)
 	v.firewall(c.Firewall)
-	v.kubernetes(c.Kubernetes, c.WireGuard)
+	v.kubernetes(c)
 	v.checks(c.Checks)
 }
 
@@ -727,8 +727,12 @@ func (v *validator) firewall(f Firewall) {
 	}
 }
 
-func (v *validator) kubernetes(k Kubernetes, wgs []WireGuard) {
+func (v *validator) kubernetes(c *Config) {
+	k := c.Kubernetes
 	v.absPath("kubernetes.kubeconfig", k.Kubeconfig)
+	if k.Hold < 0 || k.Hold > time.Hour {
+		v.errorf("kubernetes.hold", "%s is outside 0s-1h", k.Hold)
+	}
 	for _, key := range sortedKeys(k.Labels) {
 		p := mapKeyPath("kubernetes.labels", key)
 		if v.check(p, checkLabelKey(key)) {
@@ -759,7 +763,7 @@ func (v *validator) kubernetes(k Kubernetes, wgs []WireGuard) {
 		}
 		wp := fieldPath(p, "when")
 		if cl.When == "" {
-			v.errorf(wp, "required (subsystem/name/condition, like wireguard/wg-pia/healthy)")
+			v.errorf(wp, "required (%s)", whenForms)
 			continue
 		}
 		w, err := ParseWhen(cl.When)
@@ -767,8 +771,15 @@ func (v *validator) kubernetes(k Kubernetes, wgs []WireGuard) {
 			v.errorf(wp, "%v", err)
 			continue
 		}
-		if w.Subsystem == "wireguard" && !slices.ContainsFunc(wgs, func(x WireGuard) bool { return x.Name == w.Name }) {
+		switch {
+		case w.Subsystem == "wireguard" && !slices.ContainsFunc(c.WireGuard, func(x WireGuard) bool { return x.Name == w.Name }):
 			v.errorf(wp, "no WireGuard interface %q is declared", w.Name)
+		case w.Subsystem == "vlan" && !slices.ContainsFunc(c.VLANs, func(x VLAN) bool { return x.Name == w.Name }):
+			v.errorf(wp, "no VLAN %q is declared", w.Name)
+		case w.Subsystem == "checks" && len(c.Checks.ARPReachable) == 0:
+			// With nothing to probe the condition would hold vacuously,
+			// which is surely not what the label means.
+			v.errorf(wp, "checks.arpReachable lists no addresses")
 		}
 	}
 }
