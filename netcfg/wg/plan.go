@@ -143,6 +143,11 @@ func kindName(k string) string {
 // this sync creates.
 func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 	var ops []Op
+	if len(od.Peers) == 0 {
+		// A new device: every peer is an add. Sized once, since a plan of
+		// thousands of ops otherwise spends its time growing the slice.
+		ops = make([]Op, 0, len(d.Peers))
+	}
 	want := make(map[wgtypes.Key]bool, len(d.Peers))
 	for _, p := range d.Peers {
 		want[p.PublicKey] = true
