@@ -93,7 +93,7 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
 	}
-	devs := wireGuardStatus(post.WG)
+	devs := wg.Status(post.WG)
 	d.metrics.SyncDone(trigger, dur, failedSubs)
 	d.metrics.SetWireGuard(devs)
 	for _, dev := range devs {
@@ -205,22 +205,6 @@ func subsystemOf(msg string) string {
 		return "sysctls"
 	}
 	return "routes"
-}
-
-// wireGuardStatus converts the WireGuard subsystem's status to the API's.
-func wireGuardStatus(p wg.Plan) []api.WireGuardDevice {
-	out := []api.WireGuardDevice{}
-	for _, ds := range wg.Status(p) {
-		dev := api.WireGuardDevice{Name: ds.Name, Implementation: ds.Implementation, PublicKey: ds.PublicKey,
-			ListenPort: ds.ListenPort, LivePeers: ds.LivePeers, Problems: ds.Problems, Peers: []api.WireGuardPeer{}}
-		for _, ps := range ds.Peers {
-			dev.Peers = append(dev.Peers, api.WireGuardPeer{PublicKey: ps.PublicKey, Name: ps.Name, Endpoint: ps.Endpoint,
-				LastHandshake: ps.LastHandshake, HandshakeAgeSeconds: ps.HandshakeAgeSeconds, RxBytes: ps.RxBytes,
-				TxBytes: ps.TxBytes, AllowedIPs: ps.AllowedIPs, Live: ps.Live})
-		}
-		out = append(out, dev)
-	}
-	return out
 }
 
 // summary is the one-line STATUS= for systemd.

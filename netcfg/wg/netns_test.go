@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -137,7 +138,7 @@ func (l *lab) sync(h *Handle, d Desired, allowFail bool) (Plan, error) {
 }
 
 // status returns the status of d as observed now, recording its JSON.
-func (l *lab) status(h *Handle, d Desired) []DeviceStatus {
+func (l *lab) status(h *Handle, d Desired) []api.WireGuardDevice {
 	l.t.Helper()
 	o, err := Observe(context.Background(), h, d)
 	if err != nil {

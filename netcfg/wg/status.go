@@ -1,50 +1,21 @@
 package wg
 
 import (
+	"github.com/nodeagent/nodeagent/agent/api"
 	"slices"
 	"strings"
 	"time"
 )
 
-// DeviceStatus is what status, metrics and node annotations report of one
-// device. It holds public keys only.
-type DeviceStatus struct {
-	Name string `json:"name"`
-	// Implementation is kernel or userspace; "" when the device does not
-	// exist (see Problems).
-	Implementation string       `json:"implementation"`
-	PublicKey      string       `json:"publicKey,omitempty"`
-	ListenPort     int          `json:"listenPort,omitempty"`
-	Peers          []PeerStatus `json:"peers"`
-	// LivePeers counts peers with an endpoint and a handshake younger than
-	// StaleHandshake: on a remote-access server, the sign that this node is
-	// the one the router really forwards the VPN port to.
-	LivePeers int `json:"livePeers"`
-	// Problems are the device's reported failures: skipped register files,
-	// unresolvable endpoints, a broken key file, a conflict.
-	Problems []string `json:"problems,omitempty"`
-}
-
-// PeerStatus is one peer as status reports it.
-type PeerStatus struct {
-	PublicKey     string     `json:"publicKey"`
-	Name          string     `json:"name,omitempty"`
-	Endpoint      string     `json:"endpoint,omitempty"`
-	LastHandshake *time.Time `json:"lastHandshake,omitempty"`
-	// HandshakeAgeSeconds is -1 for a peer that never completed one.
-	HandshakeAgeSeconds int64    `json:"handshakeAgeSeconds"`
-	RxBytes             int64    `json:"rxBytes"`
-	TxBytes             int64    `json:"txBytes"`
-	AllowedIPs          []string `json:"allowedIPs"`
-	Live                bool     `json:"live"`
-}
-
 // Status summarises the desired devices as observed, with the problems p
-// reports for each.
-func Status(p Plan) []DeviceStatus {
-	var out []DeviceStatus
+// reports for each, in the local API's terms (public keys only). LivePeers
+// counts peers with an endpoint and a handshake younger than
+// StaleHandshake: on a remote-access server, the sign that this node is the
+// one the router really forwards the VPN port to.
+func Status(p Plan) []api.WireGuardDevice {
+	out := []api.WireGuardDevice{}
 	for _, d := range p.Desired.Devices {
-		ds := DeviceStatus{Name: d.Name, Peers: []PeerStatus{}}
+		ds := api.WireGuardDevice{Name: d.Name, Peers: []api.WireGuardPeer{}}
 		names := map[string]string{}
 		for _, peer := range d.Peers {
 			names[peer.PublicKey.String()] = peer.Name
@@ -54,7 +25,7 @@ func Status(p Plan) []DeviceStatus {
 			ds.PublicKey = od.PublicKey.String()
 			ds.ListenPort = od.ListenPort
 			for _, op := range od.Peers {
-				ps := PeerStatus{
+				ps := api.WireGuardPeer{
 					PublicKey: op.PublicKey.String(), Name: names[op.PublicKey.String()],
 					RxBytes: op.RxBytes, TxBytes: op.TxBytes, HandshakeAgeSeconds: -1, AllowedIPs: []string{},
 				}
@@ -76,7 +47,7 @@ func Status(p Plan) []DeviceStatus {
 				}
 				ds.Peers = append(ds.Peers, ps)
 			}
-			slices.SortFunc(ds.Peers, func(a, b PeerStatus) int { return strings.Compare(a.PublicKey, b.PublicKey) })
+			slices.SortFunc(ds.Peers, func(a, b api.WireGuardPeer) int { return strings.Compare(a.PublicKey, b.PublicKey) })
 		}
 		for _, o := range p.Ops {
 			if o.Kind == OpFail && o.Device == d.Name {

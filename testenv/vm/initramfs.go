@@ -320,6 +320,52 @@ ip link set lo up || log "cannot bring lo up"
 // out. Every entry is owned by root; /dev/console is added as a device node
 // because the kernel opens it before running /init.
 func writeInitramfs(root, out string) error {
+	return writeCpioGz(out, func(cw *cpioWriter) error {
+		return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(root, p)
+			if err != nil || rel == "." {
+				return err
+			}
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			switch {
+			case fi.Mode().IsDir():
+				if err := cw.add(rel, cpioDir|0o755, nil, 0, 0); err != nil {
+					return err
+				}
+				if rel == "dev" {
+					return cw.add("dev/console", cpioChar|0o600, nil, 5, 1)
+				}
+				return nil
+			case fi.Mode()&fs.ModeSymlink != 0:
+				target, err := os.Readlink(p)
+				if err != nil {
+					return err
+				}
+				return cw.add(rel, cpioSymlink|0o777, []byte(target), 0, 0)
+			case fi.Mode().IsRegular():
+				data, err := os.ReadFile(p)
+				if err != nil {
+					return err
+				}
+				return cw.add(rel, cpioRegular|uint32(fi.Mode().Perm()), data, 0, 0)
+			default:
+				return fmt.Errorf("%s: unsupported file type %v", p, fi.Mode())
+			}
+		})
+
+	})
+}
+
+// writeCpioGz creates out as a gzip'ed newc cpio archive whose entries fill
+// writes, and finishes it (trailer, gzip footer, flush) only if fill
+// succeeded.
+func writeCpioGz(out string, fill func(*cpioWriter) error) error {
 	f, err := os.Create(out)
 	if err != nil {
 		return err
@@ -331,44 +377,7 @@ func writeInitramfs(root, out string) error {
 		return err
 	}
 	cw := &cpioWriter{w: zw}
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case fi.Mode().IsDir():
-			if err := cw.add(rel, cpioDir|0o755, nil, 0, 0); err != nil {
-				return err
-			}
-			if rel == "dev" {
-				return cw.add("dev/console", cpioChar|0o600, nil, 5, 1)
-			}
-			return nil
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			return cw.add(rel, cpioSymlink|0o777, []byte(target), 0, 0)
-		case fi.Mode().IsRegular():
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			return cw.add(rel, cpioRegular|uint32(fi.Mode().Perm()), data, 0, 0)
-		default:
-			return fmt.Errorf("%s: unsupported file type %v", p, fi.Mode())
-		}
-	})
-	if err != nil {
+	if err := fill(cw); err != nil {
 		return err
 	}
 	if err := cw.close(); err != nil {

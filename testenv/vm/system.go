@@ -3,7 +3,6 @@ package vm
 import (
 	"archive/tar"
 	"bufio"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -215,80 +214,62 @@ func tarToCpio(tarball, out string) error {
 		return err
 	}
 	defer in.Close()
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	zw, err := gzip.NewWriterLevel(bw, gzip.BestSpeed)
-	if err != nil {
-		return err
-	}
-	cw := &cpioWriter{w: zw}
-	tr := tar.NewReader(in)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		name := strings.TrimPrefix(strings.TrimPrefix(h.Name, "./"), "/")
-		name = strings.TrimSuffix(name, "/")
-		if name == "" || name == "." {
-			continue
-		}
-		perm := uint32(h.Mode & 0o7777)
-		uid, gid := uint32(h.Uid), uint32(h.Gid)
-		dropped := false
-		for _, d := range droppedTrees {
-			if strings.HasPrefix(name, d) {
-				dropped = true
+	return writeCpioGz(out, func(cw *cpioWriter) error {
+		tr := tar.NewReader(in)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
 			}
-		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			err = cw.addOwned(name, cpioDir|perm, nil, 0, 0, uid, gid)
-		case tar.TypeReg:
-			if dropped {
+			if err != nil {
+				return err
+			}
+			name := strings.TrimPrefix(strings.TrimPrefix(h.Name, "./"), "/")
+			name = strings.TrimSuffix(name, "/")
+			if name == "" || name == "." {
 				continue
 			}
-			data, rerr := io.ReadAll(tr)
-			if rerr != nil {
-				return rerr
+			perm := uint32(h.Mode & 0o7777)
+			uid, gid := uint32(h.Uid), uint32(h.Gid)
+			dropped := false
+			for _, d := range droppedTrees {
+				if strings.HasPrefix(name, d) {
+					dropped = true
+				}
 			}
-			err = cw.addOwned(name, cpioRegular|perm, data, 0, 0, uid, gid)
-		case tar.TypeSymlink:
-			err = cw.addOwned(name, cpioSymlink|0o777, []byte(h.Linkname), 0, 0, uid, gid)
-		case tar.TypeLink:
-			if dropped {
-				continue
+			switch h.Typeflag {
+			case tar.TypeDir:
+				err = cw.addOwned(name, cpioDir|perm, nil, 0, 0, uid, gid)
+			case tar.TypeReg:
+				if dropped {
+					continue
+				}
+				data, rerr := io.ReadAll(tr)
+				if rerr != nil {
+					return rerr
+				}
+				err = cw.addOwned(name, cpioRegular|perm, data, 0, 0, uid, gid)
+			case tar.TypeSymlink:
+				err = cw.addOwned(name, cpioSymlink|0o777, []byte(h.Linkname), 0, 0, uid, gid)
+			case tar.TypeLink:
+				if dropped {
+					continue
+				}
+				target := "/" + strings.TrimPrefix(strings.TrimPrefix(h.Linkname, "./"), "/")
+				err = cw.addOwned(name, cpioSymlink|0o777, []byte(target), 0, 0, uid, gid)
+			case tar.TypeChar:
+				err = cw.addOwned(name, cpioChar|perm, nil, uint32(h.Devmajor), uint32(h.Devminor), uid, gid)
+			case tar.TypeBlock:
+				err = cw.addOwned(name, cpioBlock|perm, nil, uint32(h.Devmajor), uint32(h.Devminor), uid, gid)
+			case tar.TypeFifo:
+				err = cw.addOwned(name, cpioFifo|perm, nil, 0, 0, uid, gid)
 			}
-			target := "/" + strings.TrimPrefix(strings.TrimPrefix(h.Linkname, "./"), "/")
-			err = cw.addOwned(name, cpioSymlink|0o777, []byte(target), 0, 0, uid, gid)
-		case tar.TypeChar:
-			err = cw.addOwned(name, cpioChar|perm, nil, uint32(h.Devmajor), uint32(h.Devminor), uid, gid)
-		case tar.TypeBlock:
-			err = cw.addOwned(name, cpioBlock|perm, nil, uint32(h.Devmajor), uint32(h.Devminor), uid, gid)
-		case tar.TypeFifo:
-			err = cw.addOwned(name, cpioFifo|perm, nil, 0, 0, uid, gid)
+			if err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
-	}
-	if err := cw.close(); err != nil {
-		return err
-	}
-	if err := zw.Close(); err != nil {
-		return err
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	return f.Close()
+		return nil
+	})
 }
 
 // More cpio file types.
