@@ -49,8 +49,9 @@ type Handle struct {
 	Now func() time.Time
 
 	client       *wgctrl.Client
-	clientKernel bool // whether client was made while the kernel had WireGuard
-	kernel       bool // the kernel has WireGuard (cached once seen)
+	clientKernel bool      // whether client was made while the kernel had WireGuard
+	kernel       bool      // the kernel has WireGuard (cached once seen)
+	kernelAsked  time.Time // when a "no" was last asked
 	cache        map[string]resolution
 
 	configWrites atomic.Int64
@@ -94,13 +95,23 @@ func (h *Handle) log() *slog.Logger {
 	return h.Log
 }
 
+// kernelRecheck is how long a "no WireGuard in this kernel" answer is
+// kept: asking costs a generic netlink socket, and a sync runs on every
+// kernel event.
+const kernelRecheck = 30 * time.Second
+
 // kernelHasWireGuard reports whether the kernel has WireGuard, by asking for
 // its generic netlink family inside the namespace (which also loads the
-// module where it is one). A yes is kept; a no is asked again next time.
+// module where it is one). A yes is kept; a no is asked again after
+// kernelRecheck (a module may be installed meanwhile).
 func (h *Handle) kernelHasWireGuard() bool {
 	if h.kernel {
 		return true
 	}
+	if !h.kernelAsked.IsZero() && h.now().Sub(h.kernelAsked) < kernelRecheck {
+		return false
+	}
+	h.kernelAsked = h.now()
 	err := h.Host.Do(func() error {
 		c, err := genetlink.Dial(nil)
 		if err != nil {
