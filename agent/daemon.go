@@ -121,6 +121,9 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.Register == nil {
+		o.Register = &config.RegisterCache{}
+	}
 	d := &Daemon{
 		o: o, log: o.Log, kick: make(chan string, 16), reqs: make(chan request), stall: make(chan time.Duration, 1),
 		notify: notify.New(o.Log), metrics: metrics.New(),

@@ -31,6 +31,9 @@ type Options struct {
 	// TablesFile is the rt_tables.d entry naming the routing tables;
 	// "" leaves names alone. The demo lab points it away from /etc.
 	TablesFile string
+	// Register caches parsed peer files across loads (nil: none); the
+	// daemon keeps one, since it re-reads the register on every resync.
+	Register *config.RegisterCache
 }
 
 // Load reads and validates the config at o.Config and derives the desired
@@ -45,7 +48,7 @@ func Load(o Options) (*config.Config, netcfg.Desired, error) {
 		}
 		return nil, netcfg.Desired{}, err
 	}
-	d, err := netcfg.FromConfig(c, o.TablesFile)
+	d, err := netcfg.FromConfigCached(c, o.TablesFile, o.Register)
 	if err != nil {
 		return nil, netcfg.Desired{}, &InvalidError{fmt.Errorf("%s: %w", path, err)}
 	}

@@ -35,6 +35,12 @@ type Desired struct {
 // FromConfig derives the desired state from a validated config. Names of
 // routing tables are written to tablesFile ("" leaves it alone).
 func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
+	return FromConfigCached(c, tablesFile, nil)
+}
+
+// FromConfigCached is FromConfig reading WireGuard peer registers through
+// reg (nil: no cache), as the daemon does on every reload and resync.
+func FromConfigCached(c *config.Config, tablesFile string, reg *config.RegisterCache) (Desired, error) {
 	var d Desired
 	var errs []error
 	prefixes := func(owner string, ss []string) []netip.Prefix {
@@ -77,7 +83,7 @@ func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 	errs = append(errs, err)
 	d.Nft, err = nft.FromConfig(c.Firewall)
 	errs = append(errs, err)
-	d.WG = wg.FromConfig(c, config.Options{})
+	d.WG = wg.FromConfig(c, config.Options{}, reg)
 	return d, errors.Join(errs...)
 }
 

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -153,6 +154,55 @@ type Register struct {
 // A missing dir is an empty register, not an error; an unreadable one is
 // an error.
 func LoadRegister(dir string, opts Options) Register {
+	return (*RegisterCache)(nil).Load(dir, opts)
+}
+
+// RegisterCache keeps what Load parsed, by each file's identity (inode,
+// size, modification and change times), so that re-reading a register of
+// thousands of peers costs a stat per unchanged file. The daemon re-reads
+// the register on every file event and resync; only what changed is parsed
+// again. The zero value is ready; a nil cache caches nothing.
+type RegisterCache struct {
+	mu    sync.Mutex
+	files map[string]cachedPeerFile
+	// now is the clock; nil means time.Now. Tests move it.
+	now func() time.Time
+}
+
+type cachedPeerFile struct {
+	id     fileID
+	p      RegisterPeer
+	errs   ErrorList
+	ignore bool
+	// racy: the file was modified less than racyWindow before it was
+	// parsed. File times move in clock ticks, so a second write in the same
+	// tick would leave the identity unchanged; such an entry is parsed again
+	// (the "racy git" rule).
+	racy bool
+}
+
+// racyWindow is how old a file's modification must be, when it is parsed,
+// for the result to be trusted on an unchanged identity.
+const racyWindow = 2 * time.Second
+
+// fileID is what changes when a file is written, replaced, or has its mode
+// changed (ctime moves on chmod).
+type fileID struct {
+	ino, size      uint64
+	mtime, ctime   int64
+	skipFileChecks bool
+}
+
+func statID(file string, opts Options) (fileID, bool) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil {
+		return fileID{}, false
+	}
+	return fileID{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), skipFileChecks: opts.SkipFileChecks}, true
+}
+
+// Load is LoadRegister with the cache.
+func (c *RegisterCache) Load(dir string, opts Options) Register {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -186,12 +236,22 @@ func LoadRegister(dir string, opts Options) Register {
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
+				id, ok := statID(files[i], opts)
+				if hit, found := c.get(files[i]); ok && found && hit.id == id && !hit.racy {
+					out[i] = loaded{hit.p, hit.errs, hit.ignore}
+					continue
+				}
 				p, errs, ignore := loadPeerFile(files[i], formats[i], opts)
 				out[i] = loaded{p, errs, ignore}
+				if ok {
+					racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
+					c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	c.keepOnly(dir, files)
 	var reg Register
 	taken := newClaims()
 	for _, l := range out {
@@ -640,4 +700,51 @@ func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) 
 	pos[""] = peerLine
 	v := &validator{file: file, pos: pos, bad: bad, opts: opts, errs: errs, rename: wgQuickName}
 	return v.registerPeer(file, peerLine, peer, psk)
+}
+
+func (c *RegisterCache) clock() time.Time {
+	if c == nil || c.now == nil {
+		return time.Now()
+	}
+	return c.now()
+}
+
+func (c *RegisterCache) get(file string) (cachedPeerFile, bool) {
+	if c == nil {
+		return cachedPeerFile{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.files[file]
+	return e, ok
+}
+
+func (c *RegisterCache) put(file string, e cachedPeerFile) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.files == nil {
+		c.files = map[string]cachedPeerFile{}
+	}
+	c.files[file] = e
+}
+
+// keepOnly forgets the files of dir that are gone.
+func (c *RegisterCache) keepOnly(dir string, files []string) {
+	if c == nil {
+		return
+	}
+	present := make(map[string]bool, len(files))
+	for _, f := range files {
+		present[f] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for f := range c.files {
+		if filepath.Dir(f) == filepath.Clean(dir) && !present[f] {
+			delete(c.files, f)
+		}
+	}
 }

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"gopkg.in/yaml.v3"
@@ -669,4 +671,71 @@ func FuzzRegisterPeer(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRegisterCache: an unchanged file is served from the cache, a changed,
+// replaced, chmod-ed or removed one is seen, and a file written moments
+// before it was read is never trusted on its unchanged identity (file
+// times move in clock ticks).
+func TestRegisterCache(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, allowed string, age time.Duration) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("publicKey: "+keyA+"\nallowedIPs: ["+allowed+"]\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-age)
+		os.Chtimes(p, old, old)
+	}
+	allowed := func(r Register) []string {
+		var out []string
+		for _, p := range r.Peers {
+			out = append(out, strings.Join(p.Peer.AllowedIPs, ","))
+		}
+		for _, e := range r.Errors {
+			out = append(out, "error: "+e.Error())
+		}
+		return out
+	}
+	// The cache judges a file "written moments ago" by its change time,
+	// which Chtimes cannot move back: the clock moves forward instead.
+	shift := time.Hour
+	c := RegisterCache{now: func() time.Time { return time.Now().Add(shift) }}
+	write("a.yaml", "10.90.0.2/32", time.Hour)
+	if got := allowed(c.Load(dir, Options{})); !slices.Equal(got, []string{"10.90.0.2/32"}) {
+		t.Fatalf("first load: %v", got)
+	}
+	// Poison the cached result: a hit must serve it, a miss must not.
+	poison := func() {
+		c.mu.Lock()
+		for k, e := range c.files {
+			e.p.Peer.AllowedIPs = []string{"cached"}
+			c.files[k] = e
+		}
+		c.mu.Unlock()
+	}
+	poison()
+	if got := allowed(c.Load(dir, Options{})); !slices.Equal(got, []string{"cached"}) {
+		t.Errorf("unchanged file not served from the cache: %v", got)
+	}
+	write("a.yaml", "10.90.0.3/32", time.Hour) // same size, new times
+	if got := allowed(c.Load(dir, Options{})); !slices.Equal(got, []string{"10.90.0.3/32"}) {
+		t.Errorf("changed file: %v", got)
+	}
+	// Written just now: parsed again every time, even with the same identity.
+	shift = 0
+	write("a.yaml", "10.90.0.4/32", 0)
+	c.Load(dir, Options{})
+	poison()
+	if got := allowed(c.Load(dir, Options{})); !slices.Equal(got, []string{"10.90.0.4/32"}) {
+		t.Errorf("a file written moments ago was trusted from the cache: %v", got)
+	}
+	os.Remove(filepath.Join(dir, "a.yaml"))
+	if got := allowed(c.Load(dir, Options{})); len(got) != 0 {
+		t.Errorf("removed file still in the register: %v", got)
+	}
+	if len(c.files) != 0 {
+		t.Errorf("the cache keeps %d entries for removed files", len(c.files))
+	}
 }

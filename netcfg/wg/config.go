@@ -13,19 +13,21 @@ import (
 )
 
 // FromConfig derives the desired state from a validated config, reading
-// key files and every device's peer register. It never fails as a whole:
+// key files and every device's peer register (through reg, which may be
+// nil, so an unchanged register file is not parsed again). It never fails
+// as a whole:
 // a device whose private key cannot be read is Broken, and a register
 // entry (or static peer) that cannot be used is Skipped, each with the
 // reason, so the other devices and peers are converged.
-func FromConfig(c *config.Config, opts config.Options) Desired {
+func FromConfig(c *config.Config, opts config.Options, reg *config.RegisterCache) Desired {
 	var d Desired
 	for i, w := range c.WireGuard {
-		d.Devices = append(d.Devices, deviceFromConfig(c.File, i, w, opts))
+		d.Devices = append(d.Devices, deviceFromConfig(c.File, i, w, opts, reg))
 	}
 	return d
 }
 
-func deviceFromConfig(file string, i int, w config.WireGuard, opts config.Options) Device {
+func deviceFromConfig(file string, i int, w config.WireGuard, opts config.Options, cache *config.RegisterCache) Device {
 	impl := w.Implementation
 	if impl == "" {
 		impl = ImplAuto
@@ -45,7 +47,7 @@ func deviceFromConfig(file string, i int, w config.WireGuard, opts config.Option
 	}
 	var reg config.Register
 	if w.PeersDir != "" {
-		reg = config.LoadRegister(w.PeersDir, opts)
+		reg = cache.Load(w.PeersDir, opts)
 	}
 	peers, errs := config.MergePeers(w.Peers, func(j int) string {
 		return fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, j)

@@ -112,7 +112,7 @@ func (l *lab) desired(yaml string) Desired {
 	if err != nil {
 		l.t.Fatalf("config:\n%v", err)
 	}
-	return FromConfig(c, config.Options{})
+	return FromConfig(c, config.Options{}, nil)
 }
 
 // sync observes, plans and applies once, recording the plan, the status
