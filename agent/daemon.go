@@ -76,7 +76,7 @@ type Daemon struct {
 	cfg      *config.Config
 	desired  netcfg.Desired
 	hash     string
-	lastGood *netcfg.Desired // the last desired state that applied with its probes passing
+	lastGood *netcfg.Desired // the last desired state applied without breaking a probe
 	badHash  string          // a config rolled back by safe apply, not retried until it changes
 	ready    bool
 	failures int // consecutive failed syncs, for the retry backoff
@@ -417,7 +417,10 @@ func (d *Daemon) apply(ctx context.Context, des netcfg.Desired, pre netcfg.Plans
 			return back, berr
 		}
 	}
-	if _, failed := netcfg.Split(err); len(failed) == 0 && d.hash != d.badHash {
+	// The state to roll back to is the last config that applied without
+	// breaking a probe, whether or not some object of it failed (a
+	// conflict on one link must not switch safe apply off for good).
+	if d.hash != d.badHash {
 		good := des
 		d.lastGood = &good
 		if d.status.LastRollback != nil {
