@@ -502,13 +502,13 @@ func TestSdNotify(t *testing.T) {
 	l := newLab(t)
 	n := listenNotify(t)
 	t.Setenv("WATCHDOG_USEC", "400000") // pings every 200ms
-	var readyState string
+	readyCh := make(chan string, 1)
 	go func() {
 		for {
 			for _, m := range n.all() {
 				if has(m.text, "READY=1") {
 					out, _ := l.node.TryExec("ip", "-br", "addr", "show", "dev", "shim0")
-					readyState = out
+					readyCh <- out
 					return
 				}
 			}
@@ -516,7 +516,12 @@ func TestSdNotify(t *testing.T) {
 		}
 	}()
 	r := startDaemon(t, l.node, l.cfg, nil)
-	waitFor(t, "READY=1", 10*time.Second, func() bool { return readyState != "" })
+	var readyState string
+	select {
+	case readyState = <-readyCh:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no READY=1 within 10s")
+	}
 	if !has(readyState, "10.10.50.3/24") {
 		t.Errorf("READY=1 came before the config was applied: shim0 was %q", readyState)
 	}
