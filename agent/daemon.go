@@ -80,6 +80,9 @@ type Daemon struct {
 	badHash  string          // a config rolled back by safe apply, not retried until it changes
 	ready    bool
 	failures int // consecutive failed syncs, for the retry backoff
+	// skipped is what the last sync left out (bad peer files), so each is
+	// logged once when it appears, not on every sync.
+	skipped map[string]bool
 
 	// stall wedges the loop for the given time (the test hook, also sent
 	// by SIGUSR2 when TestHooks is on).
@@ -367,12 +370,12 @@ func (d *Daemon) sync(ctx context.Context, trigger string) error {
 	if trigger == "start" || trigger == "resync" {
 		d.checkARP(ctx)
 	}
-	pending, failed := netcfg.Split(syncErr)
+	pending, skipped, failed := netcfg.Split(syncErr)
 	if perr != nil {
-		_, f := netcfg.Split(perr)
+		_, _, f := netcfg.Split(perr)
 		failed = append(failed, f...)
 	}
-	d.publish(trigger, start, applied, post, pending, failed)
+	d.publish(trigger, start, applied, post, pending, skipped, failed)
 	if len(failed) > 0 {
 		return errors.Join(failed...)
 	}

@@ -113,7 +113,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	// Without CAP_NET_ADMIN the kernel refuses to show some state (the
 	// nftables ruleset): say which, and plan everything else.
 	var unreadable []error
-	_, failed := netcfg.Split(err)
+	_, _, failed := netcfg.Split(err)
 	for _, e := range failed {
 		if !errors.Is(e, unix.EPERM) {
 			return err
@@ -173,9 +173,14 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 	// The write counts make "a converged node is left alone" checkable
 	// from outside: a no-op apply logs zeros.
 	log.Info("sync done", "netlinkWrites", h.Writes(), "wireguardWrites", cv.WG().ConfigWrites())
-	pending, failed := netcfg.Split(err)
+	pending, skipped, failed := netcfg.Split(err)
 	for _, e := range pending {
 		log.Warn("waiting", "object", e.Error())
+	}
+	// A skipped peer (a register file that does not parse) is reported,
+	// not a failure: its device and the other peers are converged.
+	for _, e := range skipped {
+		log.Warn("skipped", "object", e.Error())
 	}
 	if len(failed) > 0 {
 		return errors.Join(failed...)

@@ -41,7 +41,7 @@ func (d *Daemon) condition(typ string) *api.Condition {
 }
 
 // publish records the outcome of a sync in the status and the metrics.
-func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.Plans, pending, failed []error) {
+func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.Plans, pending, skipped, failed []error) {
 	dur := time.Since(start)
 	changes := func(s string) int {
 		n := 0
@@ -115,6 +115,7 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	d.status.Subsystems = subs
 	d.status.Pending = objs(pending)
 	d.status.Failed = failedObjs
+	d.status.Skipped = objs(skipped)
 	d.status.WireGuard = devs
 	d.mu.Unlock()
 
@@ -124,6 +125,13 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 		d.setCondition(api.CondConverged, api.True, "Pending", fmt.Sprintf("%d object(s) wait for a device or parent", len(pending)))
 	} else {
 		d.setCondition(api.CondConverged, api.True, "Converged", "")
+	}
+	d.logSkipped(skipped)
+	switch {
+	case len(skipped) > 0:
+		d.setCondition(api.CondPeersConfigured, api.False, "Skipped", fmt.Sprintf("%d peer(s) skipped; first: %s", len(skipped), skipped[0]))
+	case len(d.desired.WG.Devices) > 0 || d.condition(api.CondPeersConfigured) != nil:
+		d.setCondition(api.CondPeersConfigured, api.True, "Configured", "")
 	}
 	if len(d.desired.Nft.KillSwitch) > 0 {
 		if post.Nft.Empty() {
@@ -142,6 +150,24 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	}
 	d.refreshHealth()
 	d.labeler.Update(d.snapshot(start, post, devs))
+}
+
+// logSkipped logs each skipped entry once, when it first appears, and
+// says when all of them are gone: a bad peer file is not news on every
+// sync.
+func (d *Daemon) logSkipped(skipped []error) {
+	now := make(map[string]bool, len(skipped))
+	for _, e := range skipped {
+		msg := e.Error()
+		now[msg] = true
+		if !d.skipped[msg] {
+			d.log.Warn("skipped", "subsystem", subsystemOf(msg), "object", msg)
+		}
+	}
+	if len(now) == 0 && len(d.skipped) > 0 {
+		d.log.Info("nothing skipped any more")
+	}
+	d.skipped = now
 }
 
 // snapshot is what the Node's labels and annotations follow: the
@@ -185,7 +211,7 @@ func (d *Daemon) refreshHealth() {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable)
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured)
 	healthy := s.Ready && !s.Degraded
 	d.mu.Unlock()
 	d.metrics.SetReady(healthy)

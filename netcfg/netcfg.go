@@ -274,8 +274,10 @@ func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, err
 }
 
 // Split sorts the leaves of a sync error into objects that wait for another
-// (pending, to be converged by a later sync) and real failures.
-func Split(err error) (pending, failed []error) {
+// (pending, to be converged by a later sync), entries left out of an object
+// that was converged without them (skipped: a bad peer file) and real
+// failures.
+func Split(err error) (pending, skipped, failed []error) {
 	var walk func(error)
 	walk = func(e error) {
 		if e == nil {
@@ -288,14 +290,18 @@ func Split(err error) (pending, failed []error) {
 			return
 		}
 		var pe *host.PendingError
-		if errors.As(e, &pe) {
+		var se *host.SkippedError
+		switch {
+		case errors.As(e, &pe):
 			pending = append(pending, e)
-		} else {
+		case errors.As(e, &se):
+			skipped = append(skipped, e)
+		default:
 			failed = append(failed, e)
 		}
 	}
 	walk(err)
-	return pending, failed
+	return pending, skipped, failed
 }
 
 func (c *Converger) log() *slog.Logger {

@@ -90,7 +90,7 @@ routing:
 		cv := &Converger{Host: ns.Host, Userspace: us}
 		defer cv.Close()
 		p, err := cv.Sync(context.Background(), d)
-		if _, failed := Split(err); len(failed) > 0 {
+		if _, skipped, failed := Split(err); len(failed)+len(skipped) > 0 {
 			t.Fatalf("sync:\n%s\nerror: %v", p, err)
 		}
 		return p

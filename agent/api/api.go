@@ -44,6 +44,12 @@ const (
 	CondSafeApply = "SafeApply"
 	// ARPReachable: every checks.arpReachable address answered ARP.
 	CondARPReachable = "ARPReachable"
+	// PeersConfigured: every WireGuard peer the config and the registers
+	// name is in its device. False, with the file:line of each, while a
+	// register entry (or a peer) is skipped: a peer file that does not
+	// parse, a peer whose endpoint does not resolve. It degrades the node
+	// but does not hold back Ready: the device and its other peers work.
+	CondPeersConfigured = "PeersConfigured"
 	// LabelsSynced: the Node carries the labels and annotations the config
 	// and the conditions ask for (agent/kube). False with the reason while
 	// the API server is unreachable, the identity is refused, or another
@@ -118,6 +124,9 @@ type Status struct {
 	Subsystems []Subsystem `json:"subsystems"`
 	Pending    []Object    `json:"pending"`
 	Failed     []Object    `json:"failed"`
+	// Skipped are entries left out of an object converged without them
+	// (a WireGuard peer whose register file does not parse).
+	Skipped []Object `json:"skipped"`
 	// WireGuard is every configured WireGuard device with its peers.
 	WireGuard []WireGuardDevice `json:"wireguard"`
 	// LastRejected is the last config reload that failed validation.

@@ -25,7 +25,7 @@ func TestValidateExitCodes(t *testing.T) {
 	}{
 		{[]string{"validate", "-c", "../../examples/homelab.yaml"}, 0, "../../examples/homelab.yaml: valid", nil},
 		{[]string{"validate", "-c", bad}, 1, "", []string{bad + ":4: vlans[0].id: 4095 is outside 1-4094", bad + `:5: vlans[0].mtuu: unknown field`}},
-		{[]string{"validate", "-c", filepath.Join(dir, "missing.yaml")}, 1, "", []string{"missing.yaml: no such file"}},
+		{[]string{"validate", "-c", filepath.Join(dir, "missing.yaml")}, 1, "", []string{"missing.yaml does not exist"}},
 		{[]string{"frobnicate"}, 2, "", []string{`unknown command "frobnicate"`}},
 		{[]string{"apply"}, 2, "", []string{"apply needs --once"}},
 		{[]string{"--help"}, 0, "nodeagent apply --once", nil},

@@ -61,7 +61,7 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 	for _, objs := range []struct {
 		title string
 		list  []api.Object
-	}{{"Pending", s.Pending}, {"Failed", s.Failed}} {
+	}{{"Pending", s.Pending}, {"Skipped", s.Skipped}, {"Failed", s.Failed}} {
 		if len(objs.list) == 0 {
 			continue
 		}

@@ -20,6 +20,13 @@ type FieldError struct {
 	Field string
 	// Msg says what is wrong, lowercase.
 	Msg string
+	// more marks the "and N more" line of a capped list, which sorts last.
+	more bool
+}
+
+// moreErrors is the line that ends a capped list.
+func moreErrors(file string, n int, where string) *FieldError {
+	return &FieldError{File: file, Msg: fmt.Sprintf("and %d more error(s) %s, not listed", n, where), more: true}
 }
 
 // Error formats e as file:line: field: msg, leaving out the parts that are unknown.
@@ -71,7 +78,15 @@ func (l ErrorList) Unwrap() []error {
 // order they were found in.
 func (l ErrorList) sorted() ErrorList {
 	s := slices.Clone(l)
-	slices.SortStableFunc(s, func(a, b *FieldError) int { return a.Line - b.Line })
+	slices.SortStableFunc(s, func(a, b *FieldError) int {
+		if a.more != b.more {
+			if a.more {
+				return 1
+			}
+			return -1
+		}
+		return a.Line - b.Line
+	})
 	return s
 }
 

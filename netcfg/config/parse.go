@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"gopkg.in/yaml.v3"
 )
 
@@ -30,11 +30,30 @@ func Load(path string) (*Config, error) {
 
 // LoadWith is Load with options.
 func LoadWith(path string, opts Options) (*Config, error) {
-	data, err := os.ReadFile(path)
+	c, _, err := ReadWith(path, opts)
+	return c, err
+}
+
+// MaxConfigSize bounds the main config file. The homelab's is 4 KiB; a
+// config of thousands of VLANs and rules stays well under this.
+const MaxConfigSize = 4 << 20
+
+// configRules are how the main config is opened: a regular file (a link
+// to one is followed, as config management and ConfigMap mounts make
+// them) that others cannot write, read without blocking and with a cap.
+var configRules = fsafe.Rules{MaxSize: MaxConfigSize, FollowLinks: true}
+
+// ReadWith is LoadWith that also returns the bytes it parsed, read once,
+// so that a hash of them describes exactly the config that was loaded.
+// The error is an *fsafe.Error when the file could not be read or was
+// refused, and an ErrorList when it did not parse or validate.
+func ReadWith(path string, opts Options) (*Config, []byte, error) {
+	data, err := fsafe.ReadFile(path, configRules)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return ParseWith(path, data, opts)
+	c, err := ParseWith(path, data, opts)
+	return c, data, err
 }
 
 // Parse decodes, defaults and validates one YAML config. file names it in
@@ -50,10 +69,11 @@ func Parse(file string, data []byte) (*Config, error) {
 func ParseWith(file string, data []byte, opts Options) (*Config, error) {
 	c := &Config{File: file}
 	d := &decoder{
-		file:   file,
-		pos:    positions{},
-		bad:    map[string]bool{},
-		budget: decodeBudget,
+		file:    file,
+		pos:     positions{},
+		bad:     map[string]bool{},
+		budget:  decodeBudget,
+		maxErrs: MaxConfigErrors,
 	}
 	root, errs := readDocument(file, data)
 	if len(errs) > 0 {
@@ -63,15 +83,23 @@ func ParseWith(file string, data []byte, opts Options) (*Config, error) {
 		d.decode(root, reflect.ValueOf(c).Elem(), "")
 	}
 	applyDefaults(c, d.pos)
-	v := &validator{file: file, pos: d.pos, bad: d.bad, opts: opts, errs: d.errs}
+	v := d.validator(opts)
 	v.validate(c)
-	return c, v.errs.err()
+	return c, v.result()
 }
+
+// MaxConfigErrors bounds the errors reported for one config file; the
+// rest are counted. An operator fixes the first ones and runs validate
+// again, and a hostile file (YAML aliases) cannot make a million lines.
+const MaxConfigErrors = 100
 
 // decodeBudget bounds the nodes one decode visits. Aliases can make a small
 // document expand to a huge one ("billion laughs"); no honest config comes
-// near this.
-const decodeBudget = 1_000_000
+// near this. A register file holds one peer: a few dozen nodes.
+const (
+	decodeBudget         = 1_000_000
+	registerDecodeBudget = 10_000
+)
 
 var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
@@ -148,10 +176,25 @@ type decoder struct {
 	bad    map[string]bool
 	errs   ErrorList
 	budget int
+	// maxErrs is how many errors are kept; dropped counts the rest.
+	maxErrs, dropped int
+	// redact: the document is a register file, which may be written by
+	// others than root; scalars are described quoted, so that redactErrors
+	// can tell which of them may be shown.
+	redact bool
 }
 
 func (d *decoder) errorf(n *yaml.Node, path, format string, args ...any) {
+	if len(d.errs) >= d.maxErrs {
+		d.dropped++
+		return
+	}
 	d.errs = append(d.errs, &FieldError{File: d.file, Line: n.Line, Field: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// validator continues d's error list with the config checks.
+func (d *decoder) validator(opts Options) *validator {
+	return &validator{file: d.file, pos: d.pos, bad: d.bad, opts: opts, errs: d.errs, maxErrs: d.maxErrs, dropped: d.dropped}
 }
 
 func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
@@ -194,7 +237,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		d.decodeMap(n, v, path)
 	case reflect.String:
 		if n.Kind != yaml.ScalarNode {
-			d.fail(n, path, "expected a string, got %s", describe(n))
+			d.fail(n, path, "expected a string, got %s", d.describe(n))
 			return
 		}
 		v.SetString(n.Value)
@@ -202,12 +245,12 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		d.decodeInt(n, v, path)
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
-			d.fail(n, path, "expected true or false, got %s", describe(n))
+			d.fail(n, path, "expected true or false, got %s", d.describe(n))
 			return
 		}
 		b, err := strconv.ParseBool(strings.ToLower(n.Value))
 		if err != nil {
-			d.fail(n, path, "expected true or false, got %s", describe(n))
+			d.fail(n, path, "expected true or false, got %s", d.describe(n))
 			return
 		}
 		v.SetBool(b)
@@ -220,7 +263,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 
 func (d *decoder) decodeInt(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
-		d.fail(n, path, "expected an integer, got %s", describe(n))
+		d.fail(n, path, "expected an integer, got %s", d.describe(n))
 		return
 	}
 	i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64)
@@ -233,7 +276,7 @@ func (d *decoder) decodeInt(n *yaml.Node, v reflect.Value, path string) {
 
 func (d *decoder) decodeDuration(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.ScalarNode {
-		d.fail(n, path, "expected a duration like 1s or 500ms, got %s", describe(n))
+		d.fail(n, path, "expected a duration like 1s or 500ms, got %s", d.describe(n))
 		return
 	}
 	dur, err := time.ParseDuration(n.Value)
@@ -246,7 +289,7 @@ func (d *decoder) decodeDuration(n *yaml.Node, v reflect.Value, path string) {
 
 func (d *decoder) decodeSlice(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.SequenceNode {
-		d.fail(n, path, "expected a list, got %s", describe(n))
+		d.fail(n, path, "expected a list, got %s", d.describe(n))
 		return
 	}
 	s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
@@ -260,7 +303,7 @@ func (d *decoder) decodeSlice(n *yaml.Node, v reflect.Value, path string) {
 
 func (d *decoder) decodeMap(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.MappingNode {
-		d.fail(n, path, "expected a mapping, got %s", describe(n))
+		d.fail(n, path, "expected a mapping, got %s", d.describe(n))
 		return
 	}
 	if v.Type().Key().Kind() != reflect.String {
@@ -280,7 +323,7 @@ func (d *decoder) decodeMap(n *yaml.Node, v reflect.Value, path string) {
 
 func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 	if n.Kind != yaml.MappingNode {
-		d.fail(n, path, "expected a mapping, got %s", describe(n))
+		d.fail(n, path, "expected a mapping, got %s", d.describe(n))
 		return
 	}
 	fields := yamlFields(v.Type())
@@ -323,7 +366,7 @@ func (d *decoder) pairs(n *yaml.Node, path string) []pair {
 			continue
 		}
 		if k.Kind != yaml.ScalarNode {
-			d.errorf(k, path, "mapping keys must be plain strings, got %s", describe(k))
+			d.errorf(k, path, "mapping keys must be plain strings, got %s", d.describe(k))
 			continue
 		}
 		if first, dup := seen[k.Value]; dup {
@@ -383,7 +426,7 @@ func (d *decoder) merge(m *yaml.Node, path string, seen map[string]*yaml.Node, v
 			out = d.merge(item, path, seen, visiting, out)
 		}
 	default:
-		d.errorf(m, fieldPath(path, "<<"), "a merge key needs a mapping or a list of mappings, got %s", describe(m))
+		d.errorf(m, fieldPath(path, "<<"), "a merge key needs a mapping or a list of mappings, got %s", d.describe(m))
 	}
 	return out
 }
@@ -397,14 +440,14 @@ func isNull(n *yaml.Node) bool {
 }
 
 // describe names the kind of n for type errors.
-func describe(n *yaml.Node) string {
+func (d *decoder) describe(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
 		return "a mapping"
 	case yaml.SequenceNode:
 		return "a list"
 	case yaml.ScalarNode:
-		if n.ShortTag() == "!!str" {
+		if n.ShortTag() == "!!str" || d.redact {
 			return strconv.Quote(n.Value)
 		}
 		return n.Value

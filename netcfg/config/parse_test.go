@@ -408,7 +408,7 @@ func TestKeyFilePermissions(t *testing.T) {
 		{
 			name: "directory",
 			src:  "wireguard:\n  - name: wg0\n    privateKeyFile: " + dir + "\n",
-			want: []string{"nodeagent.yaml:3: wireguard[0].privateKeyFile: " + dir + " is not a regular file"},
+			want: []string{"nodeagent.yaml:3: wireguard[0].privateKeyFile: " + dir + " is not a regular file (a directory)"},
 		},
 		{
 			name: "skipped",

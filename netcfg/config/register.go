@@ -9,17 +9,18 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 )
 
@@ -193,21 +194,22 @@ type fileID struct {
 	skipFileChecks bool
 }
 
-func statID(file string, opts Options) (fileID, bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(file, &st); err != nil {
-		return fileID{}, false
-	}
-	return fileID{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), skipFileChecks: opts.SkipFileChecks}, true
+func idOf(st unix.Stat_t, opts Options) fileID {
+	return fileID{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), skipFileChecks: opts.SkipFileChecks}
 }
 
 // Load is LoadRegister with the cache.
 func (c *RegisterCache) Load(dir string, opts Options) Register {
-	entries, err := os.ReadDir(dir)
+	d, err := fsafe.OpenDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return Register{}
 		}
+		return Register{Unreadable: true, Errors: []error{ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
+	}
+	defer d.Close()
+	entries, err := d.ReadDir()
+	if err != nil {
 		return Register{Unreadable: true, Errors: []error{ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
 	}
 	// Files are read and parsed in parallel (a register of thousands of
@@ -218,13 +220,13 @@ func (c *RegisterCache) Load(dir string, opts Options) Register {
 		errs   ErrorList
 		ignore bool
 	}
-	var files []string
-	var formats []string
+	var names, files, formats []string
 	for _, e := range entries {
 		format := registerFormat(e.Name())
 		if format == "" || e.IsDir() {
 			continue
 		}
+		names = append(names, e.Name())
 		files = append(files, filepath.Join(dir, e.Name()))
 		formats = append(formats, format)
 	}
@@ -236,14 +238,17 @@ func (c *RegisterCache) Load(dir string, opts Options) Register {
 		go func() {
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
-				id, ok := statID(files[i], opts)
-				if hit, found := c.get(files[i]); ok && found && hit.id == id && !hit.racy {
+				// The identity is of what the name leads to now; a hit
+				// is a file that was opened, checked and parsed before.
+				st, serr := d.Stat(names[i])
+				if hit, found := c.get(files[i]); serr == nil && found && hit.id == idOf(st, opts) && !hit.racy {
 					out[i] = loaded{hit.p, hit.errs, hit.ignore}
 					continue
 				}
-				p, errs, ignore := loadPeerFile(files[i], formats[i], opts)
+				p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
 				out[i] = loaded{p, errs, ignore}
 				if ok {
+					id := idOf(st, opts)
 					racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
 					c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
 				}
@@ -254,6 +259,7 @@ func (c *RegisterCache) Load(dir string, opts Options) Register {
 	c.keepOnly(dir, files)
 	var reg Register
 	taken := newClaims()
+	lines, dropped, droppedFiles := 0, 0, 0
 	for _, l := range out {
 		if l.ignore {
 			continue
@@ -262,14 +268,34 @@ func (c *RegisterCache) Load(dir string, opts Options) Register {
 		if len(errs) == 0 {
 			errs = taken.claim(l.p)
 		}
-		if len(errs) > 0 {
-			reg.Errors = append(reg.Errors, errs.sorted())
+		if len(errs) == 0 {
+			reg.Peers = append(reg.Peers, l.p)
 			continue
 		}
-		reg.Peers = append(reg.Peers, l.p)
+		// Bounded per load as well as per file: a directory of thousands
+		// of broken files is reported by its first ones and a count.
+		if lines+len(errs) > MaxRegisterErrors {
+			dropped += len(errs)
+			droppedFiles++
+			continue
+		}
+		lines += len(errs)
+		reg.Errors = append(reg.Errors, errs.sorted())
+	}
+	if droppedFiles > 0 {
+		reg.Errors = append(reg.Errors, ErrorList{{File: dir, Msg: fmt.Sprintf("and %d more skipped file(s) with %d error(s), not listed", droppedFiles, dropped)}})
 	}
 	return reg
 }
+
+// Error bounds: a register file is reported by at most MaxFileErrors
+// errors and a count of the rest; a whole register by at most
+// MaxRegisterErrors. Hostile or broken input (a file of YAML aliases)
+// must not turn into megabytes of status and logs.
+const (
+	MaxFileErrors     = 20
+	MaxRegisterErrors = 200
+)
 
 // MergePeers joins an interface's static peers (WireGuard.Peers, already
 // validated with the config) with its register, by the rules LoadRegister
@@ -408,49 +434,133 @@ func cause(err error) string {
 	if pe, ok := errors.AsType[*fs.PathError](err); ok {
 		return pe.Err.Error()
 	}
+	if fe, ok := errors.AsType[*fsafe.Error](err); ok && fe.Err != nil {
+		return fe.Err.Error()
+	}
 	return err.Error()
 }
 
+// peerFileRules are how a register file is opened: peersDir may be
+// writable by others than root (a group that manages the VPN's users), so
+// a file is read only if it is a regular file that others cannot write,
+// reached without leaving the directory, and no bigger than a peer file
+// can sensibly be.
+var peerFileRules = fsafe.Rules{MaxSize: maxPeerFileSize}
+
 // loadPeerFile reads and parses one register file. ignore is true for a
 // directory behind a symlink, which the register passes over like any
-// subdirectory.
-func loadPeerFile(file, format string, opts Options) (p RegisterPeer, errs ErrorList, ignore bool) {
-	fail := func(format string, args ...any) (RegisterPeer, ErrorList, bool) {
-		return RegisterPeer{}, ErrorList{{File: file, Msg: fmt.Sprintf(format, args...)}}, false
-	}
-	// O_NONBLOCK so a FIFO named like a peer file cannot hang the sync; it
-	// changes nothing for a regular file. Stat the open file, not the
-	// name, so what is checked is what is read.
-	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return fail("cannot read: %s", cause(err))
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fail("cannot read: %s", cause(err))
-	}
+// subdirectory. ok reports whether st is the identity of what was read
+// (and so whether the result may be cached).
+func loadPeerFile(d *fsafe.Dir, name, file, format string, opts Options) (p RegisterPeer, errs ErrorList, ignore bool, st unix.Stat_t, ok bool) {
+	data, st, err := d.ReadFile(name, peerFileRules)
 	switch {
-	case fi.IsDir():
-		return RegisterPeer{}, nil, true
-	case !fi.Mode().IsRegular():
-		return fail("not a regular file")
-	case fi.Size() > maxPeerFileSize:
-		return fail("too big (%d bytes); a peer file may be at most 64 KiB", fi.Size())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxPeerFileSize+1))
-	if err != nil {
-		return fail("cannot read: %s", cause(err))
-	}
-	if len(data) > maxPeerFileSize { // it grew since the Stat
-		return fail("too big (over 64 KiB); a peer file may be at most 64 KiB")
+	case errors.Is(err, fsafe.ErrIsDir):
+		return RegisterPeer{}, nil, true, st, true
+	case err != nil:
+		// Not cached: what failed to open has no identity worth keeping,
+		// and a file that was refused is looked at again next time.
+		return RegisterPeer{}, ErrorList{{File: file, Msg: reason(err)}}, false, st, false
 	}
 	if format == "conf" {
-		p, errs = parseWGQuickPeer(file, data, fi.Mode(), opts)
+		p, errs = parseWGQuickPeer(file, data, fs.FileMode(st.Mode&0o777), opts)
 	} else {
 		p, errs = parseYAMLPeer(file, data, opts)
 	}
-	return p, errs, false
+	return p, capErrors(file, redactErrors(errs), MaxFileErrors), false, st, true
+}
+
+// reason is an fsafe error's reason without the path, which the
+// FieldError around it names already.
+func reason(err error) string {
+	if e, ok := errors.AsType[*fsafe.Error](err); ok {
+		return e.Reason
+	}
+	return cause(err)
+}
+
+// capErrors keeps the first n errors of l by line and says how many more
+// there were.
+func capErrors(file string, l ErrorList, n int) ErrorList {
+	if len(l) <= n {
+		return l
+	}
+	s := l.sorted()
+	more := len(s) - n
+	if last := s[len(s)-1]; last.more {
+		// Already capped while parsing: keep its count.
+		var already int
+		fmt.Sscanf(last.Msg, "and %d more", &already)
+		more += already - 1
+	}
+	return append(s[:n:n], moreErrors(file, more, "in this file"))
+}
+
+// Register errors may show a value or a key only when it has the shape of
+// one: a field name, an address, a prefix, a host:port, a number or a
+// WireGuard public key, and at most 64 bytes. Anything else is cut out,
+// so that a register file holding something else entirely (another
+// file's contents, copied or linked in) never has it printed back to
+// whoever reads the status.
+const maxShown = 64
+
+var (
+	quotedRE = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|` + "`[^`]*`")
+	// The YAML parser's own messages quote with single quotes.
+	yamlQuotedRE = regexp.MustCompile(`'[^']{2,}'`)
+)
+
+func keyShaped(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.[]", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+func valueShaped(s string) bool {
+	if len(s) > maxShown {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.:/[]+=%", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// redactErrors applies those rules to the errors of one register file.
+func redactErrors(l ErrorList) ErrorList {
+	for _, e := range l {
+		switch {
+		case e.Field == "":
+		case !keyShaped(e.Field):
+			e.Field = "(a key that is not a field name, not shown)"
+		case len(e.Field) > maxShown:
+			e.Field = e.Field[:maxShown] + "..."
+		}
+		re := quotedRE
+		if strings.HasPrefix(e.Msg, "invalid YAML") {
+			re = yamlQuotedRE
+		}
+		e.Msg = re.ReplaceAllStringFunc(e.Msg, func(q string) string {
+			v := q[1 : len(q)-1]
+			if q[0] == '"' {
+				if u, err := strconv.Unquote(q); err == nil {
+					v = u
+				}
+			}
+			if valueShaped(v) {
+				return q
+			}
+			return "(value not shown)"
+		})
+	}
+	return l
 }
 
 // parseYAMLPeer decodes a YAML register file with the config's decoder,
@@ -460,7 +570,7 @@ func parseYAMLPeer(file string, data []byte, opts Options) (RegisterPeer, ErrorL
 	if len(errs) > 0 {
 		return RegisterPeer{}, errs
 	}
-	d := &decoder{file: file, pos: positions{}, bad: map[string]bool{}, budget: decodeBudget}
+	d := &decoder{file: file, pos: positions{}, bad: map[string]bool{}, budget: registerDecodeBudget, maxErrs: MaxFileErrors, redact: true}
 	var peer WGPeer
 	line := 0
 	if root != nil {
@@ -481,16 +591,15 @@ func parseYAMLPeer(file string, data []byte, opts Options) (RegisterPeer, ErrorL
 		d.pos[""] = line // where a missing field is reported
 		d.decode(root, reflect.ValueOf(&peer).Elem(), "")
 	}
-	v := &validator{file: file, pos: d.pos, bad: d.bad, opts: opts, errs: d.errs}
-	return v.registerPeer(file, line, peer, "")
+	return d.validator(opts).registerPeer(file, line, peer, "")
 }
 
 // registerPeer validates the peer of a register file with the config's
 // own peer check and, if it passes, returns it with its lines.
 func (v *validator) registerPeer(file string, line int, peer WGPeer, psk Secret) (RegisterPeer, ErrorList) {
 	v.peer("", peer, newPeerSeen())
-	if len(v.errs) > 0 {
-		return RegisterPeer{}, v.errs.sorted()
+	if errs := v.list(); len(errs) > 0 {
+		return RegisterPeer{}, errs
 	}
 	if peer.Name == "" {
 		base := filepath.Base(file)
@@ -698,7 +807,7 @@ func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) 
 		errorf(pskLine, "PresharedKey", "this file holds a preshared key but is readable by group or others (mode %04o); chmod 600 it", mode.Perm())
 	}
 	pos[""] = peerLine
-	v := &validator{file: file, pos: pos, bad: bad, opts: opts, errs: errs, rename: wgQuickName}
+	v := &validator{file: file, pos: pos, bad: bad, opts: opts, errs: errs, rename: wgQuickName, maxErrs: MaxFileErrors}
 	return v.registerPeer(file, peerLine, peer, psk)
 }
 

@@ -307,7 +307,7 @@ func TestLoadRegisterErrors(t *testing.T) {
 
 		// Either format.
 		{"too big", "big.yaml", bigPeer + "\n", []string{
-			`big.yaml: too big (65537 bytes); a peer file may be at most 64 KiB`,
+			`big.yaml: is too big (65537 bytes; at most 64 KiB)`,
 		}},
 	}
 	for _, tt := range tests {
@@ -451,10 +451,19 @@ func TestRegisterSpecialFiles(t *testing.T) {
 	dir := t.TempDir()
 	elsewhere := t.TempDir()
 	target := writeFile(t, elsewhere, "alice.yaml", "publicKey: "+keyA+"\n", 0o600)
+	os.Mkdir(filepath.Join(dir, "real"), 0o755)
+	writeFile(t, filepath.Join(dir, "real"), "bob.yaml", "publicKey: "+keyC+"\n", 0o600)
+	os.Mkdir(filepath.Join(dir, "subdir"), 0o755)
+	// Links are followed only while they stay inside the register: a link
+	// out of it could make the daemon read (and its errors print) any file.
 	for link, to := range map[string]string{
-		"alice.yaml": target,                                // a peer kept elsewhere
-		"sub.yaml":   elsewhere,                             // a directory: ignored
-		"gone.yaml":  filepath.Join(elsewhere, "gone.yaml"), // dangling
+		"alice.yaml":   target,                                           // a peer kept elsewhere: refused
+		"sub.yaml":     elsewhere,                                        // a directory elsewhere: refused
+		"gone.yaml":    filepath.Join(elsewhere, "gone.yaml"),            // dangling, elsewhere: refused
+		"climb.yaml":   "../" + filepath.Base(elsewhere) + "/alice.yaml", // out by "..": refused
+		"bob.yaml":     "real/bob.yaml",                                  // inside: read
+		"inner.yaml":   "subdir",                                         // a directory inside: ignored
+		"nothing.yaml": "real/nothing.yaml",                              // dangling inside
 	} {
 		if err := os.Symlink(to, filepath.Join(dir, link)); err != nil {
 			t.Fatal(err)
@@ -470,17 +479,21 @@ func TestRegisterSpecialFiles(t *testing.T) {
 	}
 
 	reg := LoadRegister(dir, Options{})
-	want := []RegisterPeer{{File: filepath.Join(dir, "alice.yaml"), Line: 1, Peer: WGPeer{Name: "alice", PublicKey: keyA}, KeyLine: 1}}
+	want := []RegisterPeer{{File: filepath.Join(dir, "bob.yaml"), Line: 1, Peer: WGPeer{Name: "bob", PublicKey: keyC}, KeyLine: 1}}
 	if diff := cmp.Diff(want, reg.Peers); diff != "" {
 		t.Errorf("peers (-want +got):\n%s", diff)
 	}
+	out := "is a symbolic link that leads out of " + dir + "; only links to files inside it are followed"
 	wantErrs := []string{
-		`fifo.yaml: not a regular file`,
-		`gone.yaml: cannot read: no such file or directory`,
+		`alice.yaml: ` + out,
+		`climb.yaml: ` + out,
+		`fifo.yaml: is not a regular file (a FIFO)`,
+		`gone.yaml: ` + out,
 	}
 	if !root {
-		wantErrs = append(wantErrs, `locked.yaml: cannot read: permission denied`)
+		wantErrs = append(wantErrs, `locked.yaml: cannot be read: permission denied`)
 	}
+	wantErrs = append(wantErrs, `nothing.yaml: does not exist`, `sub.yaml: `+out)
 	if diff := cmp.Diff(wantErrs, registerErrors(t, dir, reg.Errors)); diff != "" {
 		t.Errorf("errors (-want +got):\n%s", diff)
 	}

@@ -3,22 +3,23 @@ package config
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"golang.org/x/sys/unix"
 )
 
 // Validate checks c and returns an ErrorList of every problem, or nil.
 // Parse calls it; call it again after changing a Config in code. Errors
 // carry c.File but no lines, since those are known only while parsing.
 func (c *Config) Validate(opts Options) error {
-	v := &validator{file: c.File, opts: opts}
+	v := &validator{file: c.File, opts: opts, maxErrs: MaxConfigErrors}
 	v.validate(c)
-	return v.errs.err()
+	return v.result()
 }
 
 // validator collects problems. pos (field path -> line) and bad (paths that
@@ -30,6 +31,9 @@ type validator struct {
 	bad  map[string]bool
 	opts Options
 	errs ErrorList
+	// maxErrs is how many errors are kept (0: all); dropped counts the
+	// rest, which result reports as one line.
+	maxErrs, dropped int
 	// rename, when set, turns a field path into the name errors print: a
 	// wg-quick register file names its fields as wg(8) does (PublicKey).
 	rename func(path string) string
@@ -78,7 +82,28 @@ func (v *validator) errorf(path, format string, args ...any) {
 			return
 		}
 	}
+	if v.maxErrs > 0 && len(v.errs) >= v.maxErrs {
+		v.dropped++
+		return
+	}
 	v.errs = append(v.errs, &FieldError{File: v.file, Line: v.line(path), Field: v.fieldName(path), Msg: fmt.Sprintf(format, args...)})
+}
+
+// result is the errors found, with a last line counting those not kept,
+// or nil.
+func (v *validator) result() error {
+	return v.list().err()
+}
+
+// list is result as a sorted ErrorList (nil for none).
+func (v *validator) list() ErrorList {
+	if v.dropped > 0 {
+		return append(v.errs, moreErrors(v.file, v.dropped, "in this file")).sorted()
+	}
+	if len(v.errs) == 0 {
+		return nil
+	}
+	return v.errs.sorted()
 }
 
 // check records msg at path unless it is empty; it pairs with the check*
@@ -131,20 +156,19 @@ func (v *validator) secretFile(path, file string) {
 	if !v.check(path, checkAbsPath(file)) || v.opts.SkipFileChecks {
 		return
 	}
-	fi, err := os.Stat(file)
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Lstat(file, &st); err != nil {
 		// Missing, or not ours to look at (validate runs without root):
 		// the daemon, which runs as root, checks again when it reads it.
-		if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrPermission) {
+		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EACCES) {
 			v.errorf(path, "%s: %v", file, err)
 		}
 		return
 	}
-	switch {
-	case !fi.Mode().IsRegular():
-		v.errorf(path, "%s is not a regular file", file)
-	case fi.Mode().Perm()&0o077 != 0:
-		v.errorf(path, "%s is readable by group or others (mode %04o); chmod 600 it", file, fi.Mode().Perm())
+	// The rules the daemon reads the file by (wg.KeyFileRules), so that
+	// validate refuses what the daemon would.
+	if err := fsafe.Check(file, &st, fsafe.Rules{Private: true, RootOwned: true}); err != nil {
+		v.errorf(path, "%s", err)
 	}
 }
 

@@ -150,3 +150,12 @@ func kernelAtLeast(major, minor int) bool {
 type PendingError struct{ Reason string }
 
 func (e *PendingError) Error() string { return "pending: " + e.Reason }
+
+// SkippedError is one entry of a list that could not be used and was left
+// out (a register file that does not parse, a peer whose endpoint does not
+// resolve), while the object it belongs to is converged without it. It is
+// reported and degrades the node, but it is not a failed object: one bad
+// peer file must not hold back readiness.
+type SkippedError struct{ Reason string }
+
+func (e *SkippedError) Error() string { return e.Reason }

@@ -50,6 +50,9 @@ func opError(o Op) error {
 	if o.Pending {
 		return fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Detail})
 	}
+	if o.Skipped {
+		return fmt.Errorf("%s: %w", o.Object(), &host.SkippedError{Reason: o.Detail})
+	}
 	return fmt.Errorf("%s: %s", o.Object(), o.Detail)
 }
 

@@ -2,13 +2,12 @@ package wg
 
 import (
 	"fmt"
-	"io"
 	"net/netip"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -106,26 +105,15 @@ func peerFromConfig(rp config.RegisterPeer) (Peer, error) {
 // maxKeyFile bounds what is read of a key file: a key is 45 bytes.
 const maxKeyFile = 1024
 
-// ReadKeyFile reads a key as wg genkey writes it. A file readable by group
-// or others is refused (a key that others can read is no longer secret),
-// and no error repeats the file's contents.
+// KeyFileRules are how key files are opened: not through a link, without
+// blocking (a FIFO in its place must not wedge the daemon), a regular file
+// owned by root that nobody else can read, and small.
+var KeyFileRules = fsafe.Rules{MaxSize: maxKeyFile, Private: true, RootOwned: true}
+
+// ReadKeyFile reads a key as wg genkey writes it, under KeyFileRules. No
+// error repeats the file's contents.
 func ReadKeyFile(path string) (Key, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return Key{}, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Key{}, err
-	}
-	if !fi.Mode().IsRegular() {
-		return Key{}, fmt.Errorf("%s is not a regular file", path)
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return Key{}, fmt.Errorf("%s is readable by group or others (mode %04o); chmod 600 it", path, perm)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile))
+	b, err := fsafe.ReadFile(path, KeyFileRules)
 	if err != nil {
 		return Key{}, err
 	}

@@ -36,7 +36,9 @@ func planDevice(d Device, o Observed) []Op {
 	}
 	var ops []Op
 	for _, s := range d.Skipped {
-		ops = append(ops, fail("peer skipped: %s", s))
+		f := fail("peer skipped: %s", s)
+		f.Skipped = true
+		ops = append(ops, f)
 	}
 	if d.Broken != "" {
 		return append(ops, fail("%s; left as it is", d.Broken))
@@ -170,7 +172,7 @@ func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 				if _, ok := od.Peers[p.PublicKey]; ok {
 					verb = "left as it is"
 				}
-				ops = append(ops, Op{Kind: OpFail, Device: d.Name, PeerID: p.PublicKey, Peer: p, Failed: true,
+				ops = append(ops, Op{Kind: OpFail, Device: d.Name, PeerID: p.PublicKey, Peer: p, Failed: true, Skipped: true,
 					Detail: fmt.Sprintf("endpoint %s does not resolve (%s); %s", p.Endpoint, why, verb)})
 				continue
 			}

@@ -221,6 +221,9 @@ type Op struct {
 	Changes []string
 	Detail  string // the text after the object, for plan lines
 	Failed  bool   // for OpFail: a failure, not a wait
+	// Skipped marks an OpFail for one peer (or register entry) left out of
+	// a device that is converged without it.
+	Skipped bool
 	// Pending marks an OpFail that waits for something (not a failure).
 	Pending bool
 	// NoHost marks an OpFail for a device only the userspace
