@@ -47,6 +47,10 @@ type RunOptions struct {
 	Log     *slog.Logger
 	// Host is the namespace to converge; nil means the process's own.
 	Host *host.Host
+	// StallBound is how long the loop may go without completing a pass
+	// before /healthz fails (default: the systemd watchdog timeout, else
+	// DefaultStallBound).
+	StallBound time.Duration
 	// TestHooks turns on SIGUSR2, which wedges the reconcile loop for a
 	// minute, so tests can prove the watchdog notices.
 	TestHooks bool
@@ -68,6 +72,8 @@ type Daemon struct {
 	labeler *kube.Labeler
 	kick    chan string
 	want    atomic.Pointer[interest]
+	// reading is a config read still under way (see read).
+	reading chan loaded
 	files   *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
@@ -83,6 +89,12 @@ type Daemon struct {
 	// skipped is what the last sync left out (bad peer files), so each is
 	// logged once when it appears, not on every sync.
 	skipped map[string]bool
+	// syncedHash is the config hash the last sync applied: a sync of the
+	// same config repairs drift, one of a new config does not.
+	syncedHash string
+	// forwarding is what the last sync said about forwarding while the
+	// kill switch was down ("" when armed), logged when it changes.
+	forwarding string
 
 	// stall wedges the loop for the given time (the test hook, also sent
 	// by SIGUSR2 when TestHooks is on).
@@ -155,20 +167,60 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 }
 
 // load reads and validates the config and derives the desired state,
-// replacing the running one only when all of it is valid.
+// replacing the running one only when all of it is valid. The reading
+// (config, registers, key files) runs off the loop with a deadline: a file
+// on a wedged filesystem must not stop convergence of what is loaded.
 func (d *Daemon) load() error {
-	c, des, err := Load(d.o.Options)
+	r, err := d.read()
 	if err != nil {
 		return err
 	}
-	if u := Unsupported(c); len(u) > 0 {
+	if u := Unsupported(r.cfg); len(u) > 0 {
 		return &InvalidError{fmt.Errorf("%s: uses sections this build cannot converge yet: %s", d.o.Config, strings.Join(u, ", "))}
 	}
-	raw, _ := os.ReadFile(d.o.Config)
-	sum := sha256.Sum256(raw)
-	d.cfg, d.desired, d.hash = c, des, hex.EncodeToString(sum[:8])
-	d.want.Store(interestOf(des))
+	sum := sha256.Sum256(r.raw)
+	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(sum[:8])
+	d.want.Store(interestOf(r.des))
 	return nil
+}
+
+// loaded is what one read of the config produced.
+type loaded struct {
+	cfg *config.Config
+	des netcfg.Desired
+	raw []byte
+	err error
+}
+
+// loadDeadline bounds how long the loop waits for the config, its
+// registers and key files to be read (local files take milliseconds).
+const loadDeadline = 10 * time.Second
+
+// read reads the config in a goroutine and waits for it up to
+// loadDeadline. A read that overruns is not abandoned: the next read
+// waits for it rather than start another, and whatever it returns then is
+// followed by a fresh read, since the files may have changed meanwhile.
+func (d *Daemon) read() (loaded, error) {
+	stale := d.reading != nil
+	if !stale {
+		ch := make(chan loaded, 1)
+		o := d.o.Options
+		go func() {
+			c, des, raw, err := load(o)
+			ch <- loaded{c, des, raw, err}
+		}()
+		d.reading = ch
+	}
+	select {
+	case r := <-d.reading:
+		d.reading = nil
+		if stale {
+			d.kickNow("config")
+		}
+		return r, r.err
+	case <-time.After(loadDeadline):
+		return loaded{}, fmt.Errorf("reading %s and its peer registers and key files did not finish within %s (a file on a filesystem that does not answer?); the running config stays", d.o.Config, loadDeadline)
+	}
 }
 
 func interestOf(des netcfg.Desired) *interest {
@@ -183,6 +235,15 @@ func interestOf(des netcfg.Desired) *interest {
 	return in
 }
 
+// kickNow asks the loop for a sync; it never blocks (a full channel means
+// a sync is due already).
+func (d *Daemon) kickNow(why string) {
+	select {
+	case d.kick <- why:
+	default:
+	}
+}
+
 // Run runs the daemon until ctx ends. A clean stop leaves every kernel
 // object in place, so a restart does not drop the tunnel.
 func (d *Daemon) Run(ctx context.Context) error {
@@ -193,12 +254,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.o.Host == nil {
 		defer d.host.Close()
 	}
-	kick := func(why string) {
-		select {
-		case d.kick <- why:
-		default: // a sync is due already
-		}
-	}
+	kick := d.kickNow
 	if err := watchNetlink(ctx, d.host, &d.want, kick, d.log); err != nil {
 		return fmt.Errorf("rtnetlink events: %w", err)
 	}
@@ -262,7 +318,21 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		defer t.Stop()
 		watchdog = t.C
 	}
+	// The debounce timer is armed by the first trigger and never pushed
+	// back by the ones after it: a stream of harmless events (a watched
+	// link's txqueuelen changed every 30 ms) must not starve the sync that
+	// puts a deleted kill switch back. A trigger that wants a sync sooner
+	// (a resync, a retry) may bring it forward.
 	debounce := time.NewTimer(0) // the start-up sync
+	due := time.Now()
+	arm := func(after time.Duration) {
+		at := time.Now().Add(after)
+		if !due.IsZero() && !at.Before(due) {
+			return
+		}
+		due = at
+		debounce.Reset(after)
+	}
 	reason := "start"
 	var retry <-chan time.Time
 	for {
@@ -276,7 +346,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			d.notify.Watchdog()
 		case why := <-d.kick:
 			reason = merge(reason, why)
-			debounce.Reset(d.o.Debounce)
+			arm(d.o.Debounce)
 		case dur := <-d.stall:
 			d.log.Warn("test hook: wedging the reconcile loop", "for", dur)
 			time.Sleep(dur)
@@ -286,22 +356,23 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				continue
 			}
 			reason = merge(reason, "signal")
-			debounce.Reset(d.o.Debounce)
+			arm(d.o.Debounce)
 		case <-resync.C:
 			reason = merge(reason, "resync")
-			debounce.Reset(0)
+			arm(0)
 		case <-retry:
 			retry = nil
 			reason = merge(reason, "retry")
-			debounce.Reset(0)
+			arm(0)
 		case <-wgPoll.C:
 			if d.wgDrifted(ctx) {
 				reason = merge(reason, "event")
-				debounce.Reset(0)
+				arm(0)
 			}
 		case r := <-d.reqs:
 			d.answer(ctx, r)
 		case <-debounce.C:
+			due = time.Time{}
 			if reason == "" {
 				continue
 			}
@@ -452,7 +523,8 @@ func (d *Daemon) reload(trigger string) {
 	var invalid *InvalidError
 	switch {
 	case errors.As(err, &invalid):
-		lines := strings.Split(strings.TrimSpace(invalid.Error()), "\n")
+		lines := capLines(strings.Split(strings.TrimSpace(invalid.Error()), "\n"), maxRejectedLines,
+			"nodeagent validate -c "+d.o.Config+" lists the rest")
 		d.log.Error("config rejected; the running config stays", "file", d.o.Config, "errors", strings.Join(lines, "; "))
 		d.mu.Lock()
 		d.status.LastRejected = &api.Rejected{Time: time.Now().UTC(), File: d.o.Config, Errors: lines}
@@ -476,6 +548,18 @@ func (d *Daemon) reload(trigger string) {
 			d.files.set(d.peerDirs(), d.log)
 		}
 	}
+}
+
+// maxRejectedLines bounds the errors a rejected reload keeps in status and
+// the log: the first ones say what to fix.
+const maxRejectedLines = 20
+
+// capLines keeps the first n lines and a last one counting the rest.
+func capLines(lines []string, n int, rest string) []string {
+	if len(lines) <= n {
+		return lines
+	}
+	return append(lines[:n:n], fmt.Sprintf("and %d more; %s", len(lines)-n, rest))
 }
 
 // checkARP resolves every checks.arpReachable address and reports the
@@ -596,11 +680,28 @@ func (d *Daemon) Reload(ctx context.Context) api.Reload {
 	return v.(api.Reload)
 }
 
-// Healthy implements apiserver.Backend: the loop went round recently. A
-// loop busy in a long sync (DAD on many addresses) is still healthy for a
-// while; one wedged for longer than two resync periods is not.
+// Healthy implements apiserver.Backend: the loop completed a pass within
+// the stall bound, which is what systemd's watchdog checks too (the loop
+// sends its pings), so /healthz and the watchdog agree.
 func (d *Daemon) Healthy() bool {
-	return time.Since(time.Unix(0, d.alive.Load())) < 2*d.o.Resync+time.Minute
+	return time.Since(time.Unix(0, d.alive.Load())) < d.stallBound()
+}
+
+// DefaultStallBound is how long the loop may go without completing a pass
+// before /healthz fails, when systemd sets no watchdog.
+const DefaultStallBound = 30 * time.Second
+
+// stallBound is RunOptions.StallBound, else systemd's watchdog timeout
+// (WatchdogSec=: the loop pings every half of it, and systemd restarts a
+// loop that misses two pings), else DefaultStallBound.
+func (d *Daemon) stallBound() time.Duration {
+	switch {
+	case d.o.StallBound > 0:
+		return d.o.StallBound
+	case d.notify.WatchdogInterval() > 0:
+		return d.notify.WatchdogInterval()
+	}
+	return DefaultStallBound
 }
 
 // Metrics returns the daemon's metrics.

@@ -3,7 +3,10 @@ package agent
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -47,6 +50,11 @@ func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[intere
 	}
 	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
 	sock.SetReceiveTimeout(&tv)
+	// Room for a burst (a thousand links coming up at boot); an overflow
+	// still loses events, which the loop answers with a full sync.
+	if fd := sock.GetFd(); fd >= 0 {
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
+	}
 	go func() {
 		defer sock.Close()
 		// Index -> name of links seen, so an address event (which names
@@ -55,6 +63,12 @@ func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[intere
 		for ctx.Err() == nil {
 			msgs, _, err := sock.Receive()
 			if err != nil {
+				if lostEvents(err) {
+					// ENOBUFS: the kernel dropped notifications, any of
+					// which may have been about an owned object.
+					kick("resync")
+					time.Sleep(overflowPause)
+				}
 				continue
 			}
 			for _, m := range msgs {
@@ -67,6 +81,24 @@ func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[intere
 	}()
 	return nil
 }
+
+// lostEvents reports whether a receive error means notifications may have
+// been lost (an overflow, or the socket failing), as opposed to the
+// receive timeout that lets the goroutine notice ctx.
+func lostEvents(err error) bool {
+	if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	return true
+}
+
+// overflowPause spaces the resyncs a failing event socket asks for, so a
+// socket that fails on every receive does not spin.
+const overflowPause = 100 * time.Millisecond
 
 // Attribute numbers not in x/sys/unix.
 const (
@@ -94,7 +126,10 @@ func relevant(typ uint16, data []byte, want *interest, names map[int32]string) b
 				alias = strings.TrimRight(string(a.Value), "\x00")
 			}
 		}
-		if name != "" {
+		switch {
+		case typ == unix.RTM_DELLINK:
+			delete(names, idx) // the cache holds live links only
+		case name != "":
 			names[idx] = name
 		}
 		return alias == host.LinkAlias || (want != nil && want.names[name])
@@ -150,12 +185,17 @@ func watchNftables(ctx context.Context, h *host.Host, kick func(string)) error {
 		c.Close()
 		return err
 	}
+	c.SetReadBuffer(1 << 20)
 	go func() {
 		defer c.Close()
 		for ctx.Err() == nil {
 			c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 			msgs, err := c.Receive()
 			if err != nil {
+				if lostEvents(err) {
+					kick("resync")
+					time.Sleep(overflowPause)
+				}
 				continue
 			}
 			for _, m := range msgs {

@@ -39,20 +39,27 @@ type Options struct {
 // Load reads and validates the config at o.Config and derives the desired
 // state.
 func Load(o Options) (*config.Config, netcfg.Desired, error) {
+	c, d, _, err := load(o)
+	return c, d, err
+}
+
+// load is Load that also returns the config file's bytes, read once, so
+// that the daemon's config hash describes exactly what was loaded.
+func load(o Options) (*config.Config, netcfg.Desired, []byte, error) {
 	path := o.Config
-	c, err := config.Load(path)
+	c, raw, err := config.ReadWith(path, config.Options{})
 	if err != nil {
 		var list config.ErrorList
 		if errors.As(err, &list) {
-			return nil, netcfg.Desired{}, &InvalidError{err}
+			return nil, netcfg.Desired{}, nil, &InvalidError{err}
 		}
-		return nil, netcfg.Desired{}, err
+		return nil, netcfg.Desired{}, nil, err
 	}
 	d, err := netcfg.FromConfigCached(c, o.TablesFile, o.Register)
 	if err != nil {
-		return nil, netcfg.Desired{}, &InvalidError{fmt.Errorf("%s: %w", path, err)}
+		return nil, netcfg.Desired{}, nil, &InvalidError{fmt.Errorf("%s: %w", path, err)}
 	}
-	return c, d, nil
+	return c, d, raw, nil
 }
 
 // Unsupported lists the config sections this build validates but cannot yet
@@ -170,6 +177,9 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 	}
 	p, err := cv.Sync(ctx, d)
 	io.WriteString(w, p.String())
+	if f := p.Forwarding.String(); f != "" {
+		log.Error(f)
+	}
 	// The write counts make "a converged node is left alone" checkable
 	// from outside: a no-op apply logs zeros.
 	log.Info("sync done", "netlinkWrites", h.Writes(), "wireguardWrites", cv.WG().ConfigWrites())

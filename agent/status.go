@@ -81,14 +81,16 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	for _, s := range subs {
 		total += s.Changes
 	}
-	if trigger != "start" && total > 0 {
+	// Drift is a change to the kernel that the running config did not
+	// ask for: what a sync repairs, not what a new config (or the first
+	// sync) brings in.
+	if trigger != "start" && d.hash == d.syncedHash && total > 0 {
 		d.log.Info("drift repaired", "trigger", trigger, "changes", total)
-		for _, s := range subs {
-			if s.Changes > 0 {
-				d.metrics.DriftRepaired(s.Name, s.Changes)
-			}
+		for kind, n := range applied.Repairs() {
+			d.metrics.DriftRepaired(kind, n)
 		}
 	}
+	d.syncedHash = d.hash
 	d.metrics.SetKillSwitchDrops(post.Nft.Observed.KillSwitchDrops.Packets)
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
@@ -133,10 +135,28 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	case len(d.desired.WG.Devices) > 0 || d.condition(api.CondPeersConfigured) != nil:
 		d.setCondition(api.CondPeersConfigured, api.True, "Configured", "")
 	}
+	fwd := applied.Forwarding
+	if f := fwd.String(); f != d.forwarding {
+		switch {
+		case len(fwd.Unprotected) > 0:
+			d.log.Error(f, "subsystem", "sysctls")
+		case f != "":
+			d.log.Warn(f, "subsystem", "sysctls", "held", fwd.Held)
+		default:
+			d.log.Info("kill switch armed; forwarding follows the config", "subsystem", "sysctls")
+		}
+		d.forwarding = f
+	}
+	d.metrics.SetForwardingUnprotected(len(fwd.Unprotected) > 0)
 	if len(d.desired.Nft.KillSwitch) > 0 {
-		if post.Nft.Empty() {
+		switch {
+		case post.Nft.Empty() && !fwd.KillSwitchDown:
 			d.setCondition(api.CondKillSwitchArmed, api.True, "Armed", "")
-		} else {
+		case len(fwd.Unprotected) > 0:
+			d.setCondition(api.CondKillSwitchArmed, api.False, "ForwardingUnprotected", fwd.String()+"; "+strings.TrimSpace(post.Nft.String()))
+		case fwd.KillSwitchDown:
+			d.setCondition(api.CondKillSwitchArmed, api.False, "ForwardingHeld", fwd.String()+"; "+strings.TrimSpace(post.Nft.String()))
+		default:
 			d.setCondition(api.CondKillSwitchArmed, api.False, "NotInKernel", strings.TrimSpace(post.Nft.String()))
 		}
 	}

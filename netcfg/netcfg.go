@@ -128,6 +128,33 @@ type Plans struct {
 	WG     wg.Plan
 	Sysctl sysctl.Plan
 	Route  route.Plan
+	// Forwarding is set by a sync whose kill switch could not be armed.
+	Forwarding Forwarding
+
+	nftObserved bool // nftables could be read (Plan); false: Nft says nothing
+}
+
+// String says what f means for the node, "" when the kill switch is armed.
+func (f Forwarding) String() string {
+	if !f.KillSwitchDown {
+		return ""
+	}
+	if len(f.Unprotected) > 0 {
+		return fmt.Sprintf("forwarding is on (%s) while the kill switch is not armed: forwarded traffic from the kill-switch sources is held back only by the policy rule's unreachable table", strings.Join(f.Unprotected, ", "))
+	}
+	return "forwarding is held off until the kill switch is armed"
+}
+
+// Forwarding is what a sync did about packet forwarding while a configured
+// kill switch was not in the kernel (nftables failed): it holds back every
+// sysctl that would turn forwarding on, and says which forwarding keys were
+// on already, unprotected by nftables (the kill-switch table's unreachable
+// default still stands behind the policy rule).
+type Forwarding struct {
+	// KillSwitchDown reports that the kill switch could not be armed.
+	KillSwitchDown bool
+	// Held are the keys not set, Unprotected the keys that were on.
+	Held, Unprotected []string
 }
 
 // Empty reports whether no subsystem has anything to do.
@@ -149,6 +176,7 @@ func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 		errs = append(errs, fmt.Errorf("nftables: %w", err))
 	} else {
 		p.Nft = nft.MakePlan(d.Nft, o)
+		p.nftObserved = true
 	}
 	if o, err := link.Observe(ctx, c.Host, d.Link); err != nil {
 		errs = append(errs, fmt.Errorf("links: %w", err))
@@ -206,9 +234,11 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 			}
 		}
 	}
+	armed := p.nftObserved
 	if !p.Nft.Empty() {
 		_, err := nft.Apply(ctx, c.Host, p.Nft)
 		errs = append(errs, err)
+		armed = armed && err == nil
 	}
 	if !p.Link.Empty() {
 		_, err := link.Apply(ctx, c.Host, p.Link)
@@ -235,6 +265,18 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 			p.Route = route.MakePlan(d.Route, o)
 		}
 	}
+	if len(d.Nft.KillSwitch) > 0 && !armed {
+		// The policy rule and the kill-switch table's unreachable default
+		// are applied as usual (they are the other layer); forwarding is
+		// not turned on while nftables cannot hold the traffic back.
+		p.Forwarding.KillSwitchDown = true
+		p.Sysctl, p.Forwarding.Held = p.Sysctl.HoldForwarding("the kill switch is not armed (nftables failed), so forwarding stays off until it is")
+		on, err := sysctl.ForwardingOn(ctx, c.Host, d.Sysctl)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sysctls: %w", err))
+		}
+		p.Forwarding.Unprotected = on
+	}
 	if !p.Sysctl.Empty() {
 		_, err := sysctl.Apply(ctx, c.Host, p.Sysctl)
 		errs = append(errs, err)
@@ -247,30 +289,49 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 }
 
 // Teardown removes everything nodeagent owns, in the reverse order of
-// creation. Foreign objects are never touched. Sysctls are left as they
-// are: there is no record of what they were before.
+// creation: rules and routes, WireGuard devices, links, and the nftables
+// table last, so the kill switch holds to the end. A step that fails stops
+// the teardown there: the steps after it (above all the kill switch) stay
+// in place, and the error says what failed. Foreign objects are never
+// touched. Sysctls are left as they are: there is no record of what they
+// were before.
 func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, error) {
 	var d Desired
 	d.Route.TablesFile = tablesFile
 	p, err := c.Plan(ctx, d)
-	errs := []error{err}
-	if !p.Route.Empty() {
-		_, err := route.Apply(ctx, c.Host, p.Route)
-		errs = append(errs, err)
+	if err != nil {
+		// Something could not be read: removing the rest blind could
+		// take the kill switch away before what it protects.
+		return p, fmt.Errorf("teardown stopped before changing anything: %w", err)
 	}
-	if !p.WG.Empty() {
-		_, err := wg.Apply(ctx, c.WG(), p.WG)
-		errs = append(errs, err)
+	steps := []struct {
+		name  string
+		empty bool
+		apply func() error
+	}{
+		{"routes", p.Route.Empty(), func() error { _, err := route.Apply(ctx, c.Host, p.Route); return err }},
+		{"wireguard", p.WG.Empty(), func() error { _, err := wg.Apply(ctx, c.WG(), p.WG); return err }},
+		{"links", p.Link.Empty(), func() error { _, err := link.Apply(ctx, c.Host, p.Link); return err }},
+		{"nftables", p.Nft.Empty(), func() error { _, err := nft.Apply(ctx, c.Host, p.Nft); return err }},
 	}
-	if !p.Link.Empty() {
-		_, err := link.Apply(ctx, c.Host, p.Link)
-		errs = append(errs, err)
+	for i, st := range steps {
+		if st.empty {
+			continue
+		}
+		if err := st.apply(); err != nil {
+			var left []string
+			for _, later := range steps[i+1:] {
+				if !later.empty {
+					left = append(left, later.name)
+				}
+			}
+			if len(left) > 0 {
+				return p, fmt.Errorf("%w\nteardown stopped at %s; left in place: %s", err, st.name, strings.Join(left, ", "))
+			}
+			return p, err
+		}
 	}
-	if !p.Nft.Empty() {
-		_, err := nft.Apply(ctx, c.Host, p.Nft)
-		errs = append(errs, err)
-	}
-	return p, errors.Join(errs...)
+	return p, nil
 }
 
 // Split sorts the leaves of a sync error into objects that wait for another
@@ -309,4 +370,74 @@ func (c *Converger) log() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return c.Log
+}
+
+// Kinds of object a plan changes, as Repairs counts them (the metrics'
+// drift kinds).
+const (
+	KindLink          = "link"
+	KindAddress       = "address"
+	KindRoute         = "route"
+	KindRule          = "rule"
+	KindNftables      = "nftables"
+	KindWireGuardPeer = "wireguard_peer"
+	KindSysctl        = "sysctl"
+)
+
+// Repairs counts the objects p changes, by kind: a link recreated (deleted
+// and created) is one link, a WireGuard device is a link, and nodeagent's
+// nftables table is one object however many of its rules and sets changed
+// (it is written in one transaction). Ops that only report are not
+// counted.
+func (p Plans) Repairs() map[string]int {
+	seen := map[string]map[string]bool{}
+	add := func(kind, object string) {
+		if seen[kind] == nil {
+			seen[kind] = map[string]bool{}
+		}
+		seen[kind][object] = true
+	}
+	for _, o := range p.Link.Ops {
+		switch o.Kind {
+		case link.OpAddAddr, link.OpDelAddr:
+			add(KindAddress, o.Link+" "+o.Addr.String())
+		case link.OpPending, link.OpConflict:
+		default:
+			add(KindLink, o.Link)
+		}
+	}
+	for _, o := range p.WG.Ops {
+		switch o.Kind {
+		case wg.OpFail:
+		case wg.OpAddAddr, wg.OpDelAddr:
+			add(KindAddress, o.Device+" "+o.Addr.String())
+		case wg.OpAddPeer, wg.OpRemovePeer, wg.OpUpdatePeer:
+			add(KindWireGuardPeer, o.Device+" "+o.PeerID.String())
+		default:
+			add(KindLink, o.Device)
+		}
+	}
+	for _, o := range p.Route.Ops {
+		switch o.Kind {
+		case route.OpAddRoute, route.OpReplaceRoute, route.OpDelRoute:
+			add(KindRoute, o.Object())
+		case route.OpAddRule, route.OpDelRule:
+			add(KindRule, o.Object())
+		}
+	}
+	for _, o := range p.Nft.Ops {
+		if o.Kind != nft.OpConflict {
+			add(KindNftables, fmt.Sprint(o.Family, " ", o.Table))
+		}
+	}
+	for _, o := range p.Sysctl.Ops {
+		if o.Kind == sysctl.OpSet {
+			add(KindSysctl, o.Key)
+		}
+	}
+	out := make(map[string]int, len(seen))
+	for k, objs := range seen {
+		out[k] = len(objs)
+	}
+	return out
 }

@@ -69,13 +69,15 @@ type Options struct {
 const (
 	maxHeaderBytes    = 8 << 10
 	maxBodyBytes      = 4 << 10
-	maxConns          = 32
 	readHeaderTimeout = 5 * time.Second
 	readTimeout       = 10 * time.Second
 	// writeTimeout bounds a whole response, including Backend.Plan and
 	// Backend.Reload, which observe the kernel and may wait for the loop.
-	writeTimeout    = 2 * time.Minute
-	idleTimeout     = time.Minute
+	writeTimeout = 2 * time.Minute
+	// idleTimeout closes a kept-alive connection that sends nothing more:
+	// nodeagentctl makes one request per connection, and an idle one holds
+	// a slot.
+	idleTimeout     = 5 * time.Second
 	shutdownTimeout = 5 * time.Second
 	dialTimeout     = time.Second
 )
@@ -260,7 +262,7 @@ func Serve(ctx context.Context, l net.Listener, b Backend, log *slog.Logger) err
 	}
 	addr := l.Addr().String()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(newLimitListener(l, maxConns)) }()
+	go func() { errc <- srv.Serve(newLimitListener(l, log)) }()
 	log.Info("serving the local API", "socket", addr)
 
 	select {
@@ -299,8 +301,16 @@ type peerKey struct{}
 func connContext(ctx context.Context, c net.Conn) context.Context {
 	var p peer
 	if lc, ok := c.(*limitConn); ok {
-		c = lc.Conn
+		p = lc.peer
+	} else {
+		p = peerOf(c)
 	}
+	return context.WithValue(ctx, peerKey{}, p)
+}
+
+// peerOf reads c's SO_PEERCRED.
+func peerOf(c net.Conn) peer {
+	var p peer
 	if uc, ok := c.(*net.UnixConn); ok {
 		if raw, err := uc.SyscallConn(); err == nil {
 			raw.Control(func(fd uintptr) {
@@ -311,7 +321,7 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 			})
 		}
 	}
-	return context.WithValue(ctx, peerKey{}, p)
+	return p
 }
 
 func peerFrom(ctx context.Context) peer {
@@ -529,31 +539,118 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 	return r.ResponseWriter.Write(b)
 }
 
-// limitListener holds at most n connections open at once; further clients
-// wait in the kernel's backlog. Anyone in the socket's group could otherwise
-// open connections until the daemon runs out of file descriptors, which it
-// needs for netlink and nftables.
+// Connection limits, by the peer's uid (SO_PEERCRED, read at accept):
+// anyone in the socket's group could otherwise open connections until the
+// daemon runs out of file descriptors (it needs them for netlink and
+// nftables), or hold every slot idle and lock root out of status, reload
+// and wait. Root has slots of its own that no other uid can take.
+const (
+	maxConnsPerUID = 8  // one non-root uid
+	maxUserConns   = 32 // all non-root uids together
+	maxRootConns   = 16 // uid 0, on top of maxUserConns
+	// rejectTimeout bounds writing the 503 to a connection over its limit.
+	rejectTimeout = 100 * time.Millisecond
+)
+
+// limitListener enforces those limits. A connection over its limit is
+// answered 503 and closed at once, so that it never waits in the backlog
+// in front of root's.
 type limitListener struct {
 	net.Listener
-	sem chan struct{}
+	log *slog.Logger
+
+	// mu guards the counts.
+	mu     sync.Mutex
+	byUID  map[uint32]int
+	users  int
+	root   int
+	logged time.Time // the last "over the limit" log line, to rate-limit it
 }
 
-func newLimitListener(l net.Listener, n int) *limitListener {
-	return &limitListener{Listener: l, sem: make(chan struct{}, n)}
+func newLimitListener(l net.Listener, log *slog.Logger) *limitListener {
+	return &limitListener{Listener: l, log: log, byUID: map[uint32]int{}}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	l.sem <- struct{}{}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		p := peerOf(c)
+		if l.take(p) {
+			return &limitConn{Conn: c, peer: p, release: func() { l.release(p) }}, nil
+		}
+		l.reject(c, p)
 	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+// take counts a connection from p, or reports that p is at its limit. A
+// peer whose credentials could not be read counts as an unprivileged uid
+// of its own (the nobody uid).
+func (l *limitListener) take(p peer) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.ok && p.uid == 0 {
+		if l.root >= maxRootConns {
+			return false
+		}
+		l.root++
+		return true
+	}
+	uid := p.key()
+	if l.users >= maxUserConns || l.byUID[uid] >= maxConnsPerUID {
+		return false
+	}
+	l.users++
+	l.byUID[uid]++
+	return true
+}
+
+func (l *limitListener) release(p peer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.ok && p.uid == 0 {
+		l.root--
+		return
+	}
+	uid := p.key()
+	l.users--
+	if l.byUID[uid]--; l.byUID[uid] <= 0 {
+		delete(l.byUID, uid)
+	}
+}
+
+// reject answers a connection over its limit with a 503 that names the
+// limit, without reading its request, and closes it.
+func (l *limitListener) reject(c net.Conn, p peer) {
+	l.mu.Lock()
+	logIt := time.Since(l.logged) > 10*time.Second
+	if logIt {
+		l.logged = time.Now()
+	}
+	l.mu.Unlock()
+	if logIt {
+		l.log.Warn("local API: connection over its limit refused", "peer_uid", p.uid, "peer_pid", p.pid, "peer_known", p.ok,
+			"per_uid", maxConnsPerUID, "all_users", maxUserConns)
+	}
+	body := fmt.Sprintf(`{"error":"too many connections (at most %d per user, %d for all users but root); try again"}`+"\n", maxConnsPerUID, maxUserConns)
+	c.SetWriteDeadline(time.Now().Add(rejectTimeout))
+	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\nRetry-After: 1\r\n\r\n%s", len(body), body)
+	c.Close()
+}
+
+// key is the uid a peer counts under.
+func (p peer) key() uint32 {
+	if !p.ok {
+		return 65534
+	}
+	return p.uid
 }
 
 type limitConn struct {
 	net.Conn
+	peer    peer
 	once    sync.Once
 	release func()
 }

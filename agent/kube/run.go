@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"net/http"
@@ -274,7 +275,51 @@ func newClient(cfg Config) (kubernetes.Interface, error) {
 	if rc.Timeout == 0 {
 		rc.Timeout = requestTimeout
 	}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return capBodies{rt} })
 	return kubernetes.NewForConfig(rc)
+}
+
+// MaxResponseBytes bounds what the labeler reads of one API response. The
+// agent reads only its own Node, a few KiB (tens with many images); an API
+// server, or something posing as one, that sends more is refused rather
+// than let grow the daemon's memory without limit.
+const MaxResponseBytes = 8 << 20
+
+// capBodies is a transport that caps every response body at
+// MaxResponseBytes: a read past the cap fails.
+type capBodies struct{ rt http.RoundTripper }
+
+func (c capBodies) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.rt.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.ContentLength > MaxResponseBytes {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s %s: response of %d bytes refused (at most %d)", req.Method, req.URL.Path, resp.ContentLength, MaxResponseBytes)
+	}
+	resp.Body = &cappedBody{ReadCloser: resp.Body, left: MaxResponseBytes}
+	return resp, nil
+}
+
+type cappedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *cappedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, fmt.Errorf("response body larger than %d bytes refused", MaxResponseBytes)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left+1] // one byte more tells a body that is exactly the cap from a bigger one
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n, fmt.Errorf("response body larger than %d bytes refused", MaxResponseBytes)
+	}
+	return n, err
 }
 
 // backoff is the delay after n failures in a row: MinBackoff doubling up

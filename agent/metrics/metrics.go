@@ -52,6 +52,7 @@ type Metrics struct {
 	rollbacks     *prometheus.CounterVec
 	tunnelHealthy *prometheus.GaugeVec
 	forwardedPort *prometheus.GaugeVec
+	unprotected   prometheus.Gauge
 	ready         prometheus.Gauge
 
 	// killSwitchDrops is the last value read from the kernel's named nft
@@ -96,6 +97,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "forwarded_port",
 			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
 		}, []string{"device"}),
+		unprotected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "forwarding_unprotected",
+			Help: "1 while packet forwarding is on and a configured kill switch is not in the kernel (nftables failed), else 0.",
+		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "ready",
 			Help: "Whether the node is ready (first full convergence done, nothing failed): 1 or 0.",
@@ -118,7 +123,7 @@ func New() *Metrics {
 
 	m.Registry.MustRegister(
 		m.syncs, m.syncDuration, m.syncErrors, m.driftRepairs, m.rollbacks,
-		m.tunnelHealthy, m.forwardedPort, m.ready, killSwitchDrops, m.wg,
+		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, killSwitchDrops, m.wg,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -178,6 +183,12 @@ func (m *Metrics) SetForwardedPort(device string, port int) {
 		return
 	}
 	m.forwardedPort.WithLabelValues(device).Set(float64(port))
+}
+
+// SetForwardingUnprotected sets whether forwarding is on while a
+// configured kill switch is not armed.
+func (m *Metrics) SetForwardingUnprotected(on bool) {
+	m.unprotected.Set(boolFloat(on))
 }
 
 // SetReady sets whether the node is ready.

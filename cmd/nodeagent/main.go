@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
@@ -45,6 +46,9 @@ Flags:
                       (default /etc/iproute2/rt_tables.d/nodeagent.conf;
                       env NODEAGENT_RT_TABLES; "" to write none)
       --once          with apply: converge once and exit
+      --lock FILE     the lock that run, apply --once and teardown hold, so that
+                      two never change the node at once (default %s;
+                      env NODEAGENT_LOCK; "" for none)
       --socket PATH   with run: the local API socket (default %s;
                       env NODEAGENT_SOCKET; "" for none)
       --metrics ADDR  with run: serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9477;
@@ -54,7 +58,12 @@ Flags:
                       env NODEAGENT_LOG_LEVEL
   -h, --help          this help
 
-Exit status: 0 success, 1 failure or invalid config, 2 usage error.
+SIGINT or SIGTERM stops any command: run stops cleanly, leaving the node as
+it is; the others stop at the next step, and exit 130 if they have not within
+5 seconds (a second signal exits at once).
+
+Exit status: 0 success, 1 failure or invalid config, 2 usage error,
+130 interrupted.
 `
 
 func main() {
@@ -67,6 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringP("config", "c", DefaultConfig, "config file")
 	fs.String("rt-tables", netcfg.DefaultTablesFile, "rt_tables.d entry")
 	once := fs.Bool("once", false, "converge once and exit")
+	fs.String("lock", agent.DefaultLock, "lock file")
 	fs.String("socket", api.DefaultSocket, "local API socket")
 	fs.String("metrics", "", "metrics listen address")
 	resync := fs.Duration("resync", agent.DefaultResync, "resync period")
@@ -74,7 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	help := fs.BoolP("help", "h", false, "help")
 	if err := fs.Parse(args); err != nil {
 		fmt.Fprintf(stderr, "nodeagent: %v\n\n", err)
-		fmt.Fprintf(stderr, usage, DefaultConfig, api.DefaultSocket)
+		fmt.Fprintf(stderr, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)
 		return 2
 	}
 	v := viper.New()
@@ -85,17 +95,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	v.BindPFlag("socket", fs.Lookup("socket"))
 	v.BindPFlag("metrics", fs.Lookup("metrics"))
 	v.BindPFlag("log_level", fs.Lookup("log-level"))
+	v.BindPFlag("lock", fs.Lookup("lock"))
 	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables")}
 
 	if *help || fs.NArg() == 0 {
-		fmt.Fprintf(stdout, usage, DefaultConfig, api.DefaultSocket)
+		fmt.Fprintf(stdout, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)
 		if *help {
 			return 0
 		}
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(v.GetString("log_level"))); err != nil {
 		fmt.Fprintf(stderr, "nodeagent: --log-level: %v\n", err)
@@ -103,31 +112,53 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	var err error
-	switch cmd := fs.Arg(0); cmd {
+	cmd := fs.Arg(0)
+	var work func(ctx context.Context) error
+	switch cmd {
 	case "run":
-		err = runDaemon(ctx, log, agent.RunOptions{
-			Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"),
-			Resync: *resync, Version: version, TestHooks: os.Getenv("NODEAGENT_TEST_HOOKS") == "1",
-		})
+		work = func(ctx context.Context) error {
+			return runDaemon(ctx, log, agent.RunOptions{
+				Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"),
+				Resync: *resync, Version: version, TestHooks: os.Getenv("NODEAGENT_TEST_HOOKS") == "1",
+			})
+		}
 	case "validate":
-		err = agent.Validate(stdout, opts)
+		work = func(context.Context) error { return agent.Validate(stdout, opts) }
 	case "plan":
-		err = agent.Plan(ctx, stdout, opts)
+		work = func(ctx context.Context) error { return agent.Plan(ctx, stdout, opts) }
 	case "apply":
 		if !*once {
 			fmt.Fprintln(stderr, "nodeagent: apply needs --once (the long-running daemon is nodeagent run)")
 			return 2
 		}
-		err = agent.ApplyOnce(ctx, stdout, log, opts)
+		work = func(ctx context.Context) error { return agent.ApplyOnce(ctx, stdout, log, opts) }
 	case "teardown":
-		err = agent.Teardown(ctx, stdout, log, opts)
+		work = func(ctx context.Context) error { return agent.Teardown(ctx, stdout, log, opts) }
 	case "version":
 		fmt.Fprintln(stdout, "nodeagent", version)
+		return 0
 	default:
 		fmt.Fprintf(stderr, "nodeagent: unknown command %q\n\n", cmd)
-		fmt.Fprintf(stderr, usage, DefaultConfig, api.DefaultSocket)
+		fmt.Fprintf(stderr, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)
 		return 2
+	}
+	if cmd == "run" || cmd == "apply" || cmd == "teardown" {
+		if path := v.GetString("lock"); path != "" {
+			what := cmd
+			if cmd == "apply" {
+				what = "apply --once"
+			}
+			release, err := agent.Lock(path, what)
+			if err != nil {
+				fmt.Fprintf(stderr, "nodeagent: %v\n", err)
+				return 1
+			}
+			defer release()
+		}
+	}
+	interrupted, err := runInterruptible(work, cmd == "run", stderr)
+	if interrupted {
+		return 130
 	}
 	if err != nil {
 		var invalid *agent.InvalidError
@@ -139,6 +170,43 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// interruptGrace is how long a one-shot command has to stop after SIGINT
+// or SIGTERM cancelled its context.
+const interruptGrace = 5 * time.Second
+
+// runInterruptible runs work with a context that SIGINT and SIGTERM
+// cancel. The daemon stops cleanly on its own; a one-shot command that has
+// not returned interruptGrace after the signal (or at a second signal) is
+// reported as interrupted, and the caller exits.
+func runInterruptible(work func(context.Context) error, daemon bool, stderr io.Writer) (interrupted bool, err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	done := make(chan error, 1)
+	go func() { done <- work(ctx) }()
+	var grace <-chan time.Time
+	for {
+		select {
+		case err := <-done:
+			return false, err
+		case s := <-sig:
+			if ctx.Err() != nil {
+				fmt.Fprintf(stderr, "nodeagent: %v again; stopping now\n", s)
+				return true, nil
+			}
+			cancel()
+			if !daemon {
+				grace = time.After(interruptGrace)
+			}
+		case <-grace:
+			fmt.Fprintln(stderr, "nodeagent: interrupted; the command did not stop within", interruptGrace)
+			return true, nil
+		}
+	}
 }
 
 func runDaemon(ctx context.Context, log *slog.Logger, o agent.RunOptions) error {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -106,8 +107,9 @@ func TestManPageCoversUsage(t *testing.T) {
 	}
 	page := strings.ReplaceAll(string(man), `\-`, "-")
 	for _, word := range []string{"run", "validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
-		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync", "--log-level", "NODEAGENT_LOG_LEVEL"} {
-		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, api.DefaultSocket), word) {
+		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync", "--log-level", "NODEAGENT_LOG_LEVEL",
+		"--lock", "NODEAGENT_LOCK", agent.DefaultLock} {
+		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket), word) {
 			t.Errorf("usage lacks %q", word)
 		}
 		if !strings.Contains(page, word) {

@@ -36,7 +36,7 @@ func LoadWith(path string, opts Options) (*Config, error) {
 
 // MaxConfigSize bounds the main config file. The homelab's is 4 KiB; a
 // config of thousands of VLANs and rules stays well under this.
-const MaxConfigSize = 4 << 20
+const MaxConfigSize = 1 << 20
 
 // configRules are how the main config is opened: a regular file (a link
 // to one is followed, as config management and ConfigMap mounts make
@@ -211,7 +211,8 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 	}
 	d.budget--
 	if d.budget == 0 {
-		d.errorf(n, "", "document expands to too many nodes (aliases nested too deep?)")
+		// Past any cap: it is the one error that explains the rest.
+		d.errs = append(d.errs, &FieldError{File: d.file, Line: n.Line, Msg: "document expands to too many nodes (aliases nested too deep?)"})
 	}
 	if d.budget <= 0 {
 		return

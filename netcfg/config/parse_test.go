@@ -376,6 +376,10 @@ func TestKeyFilePermissions(t *testing.T) {
 	closed := write("closed.key", 0o600)
 	groupOnly := write("group.psk", 0o640)
 	missing := filepath.Join(dir, "missing.key")
+	linked := filepath.Join(dir, "linked.key")
+	os.Symlink(closed, linked)
+	notRoot := write("user.key", 0o600)
+	chowned := os.Geteuid() == 0 && os.Chown(notRoot, 1000, 1000) == nil
 
 	tests := []struct {
 		name string
@@ -383,6 +387,11 @@ func TestKeyFilePermissions(t *testing.T) {
 		opts Options
 		want []string
 	}{
+		{
+			name: "symlinked key",
+			src:  "wireguard:\n  - name: wg0\n    privateKeyFile: " + linked + "\n",
+			want: []string{"nodeagent.yaml:3: wireguard[0].privateKeyFile: " + linked + " is a symbolic link, which is not followed here; name the file itself"},
+		},
 		{
 			name: "world readable private key",
 			src:  "wireguard:\n  - name: wg0\n    privateKeyFile: " + open + "\n",
@@ -415,6 +424,20 @@ func TestKeyFilePermissions(t *testing.T) {
 			src:  "wireguard:\n  - name: wg0\n    privateKeyFile: " + open + "\n",
 			opts: Options{SkipFileChecks: true},
 		},
+	}
+	if chowned {
+		tests = append(tests, struct {
+			name string
+			src  string
+			opts Options
+			want []string
+		}{
+			name: "key owned by a user",
+			src:  "wireguard:\n  - name: wg0\n    privateKeyFile: " + notRoot + "\n",
+			want: []string{"nodeagent.yaml:3: wireguard[0].privateKeyFile: " + notRoot + " is owned by uid 1000, not root; whoever owns a key file can replace the key (chown root it)"},
+		})
+	} else {
+		t.Log("not root: the key-owner case needs chown and runs in CI")
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

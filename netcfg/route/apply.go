@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -118,26 +119,12 @@ func toKernelRule(r Rule) *netlink.Rule {
 	return kr
 }
 
-// writeFileAtomic replaces path with data so a reader never sees half of it.
+// writeFileAtomic replaces path with data so a reader never sees half of
+// it, and a crash never leaves it empty (fsafe.WriteFile syncs the file
+// before the rename and the directory after).
 func writeFileAtomic(path string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".nodeagent-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	return fsafe.WriteFile(path, data, 0o644)
 }
