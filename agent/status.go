@@ -82,9 +82,9 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 		total += s.Changes
 	}
 	// Drift is a change to the kernel that the running config did not
-	// ask for: what a sync repairs, not what a new config (or the first
-	// sync) brings in.
-	if trigger != "start" && d.hash == d.syncedHash && total > 0 {
+	// ask for: what a sync woken by the kernel (or a resync) repairs, not
+	// what a new config, a changed peer file or the first sync brings in.
+	if (trigger == "event" || trigger == "resync") && d.hash == d.syncedHash && total > 0 {
 		d.log.Info("drift repaired", "trigger", trigger, "changes", total)
 		for kind, n := range applied.Repairs() {
 			d.metrics.DriftRepaired(kind, n)

@@ -32,7 +32,15 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asNodeagent) == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	// The binaries the tests run take a lock of their own, never the
+	// host's /run/nodeagent/nodeagent.lock.
+	lockDir, err := os.MkdirTemp("", "nodeagent-lock-")
+	if err == nil {
+		os.Setenv("NODEAGENT_LOCK", filepath.Join(lockDir, "nodeagent.lock"))
+	}
+	code := m.Run()
+	os.RemoveAll(lockDir)
+	os.Exit(code)
 }
 
 // binary builds nodeagent once per test run. In the VM it is a script that

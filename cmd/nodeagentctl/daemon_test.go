@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,11 +28,55 @@ import (
 // another user.
 const asCtl = "NODEAGENTCTL_TEST_AS_MAIN"
 
+// asHog makes the test binary a client that opens connections to the
+// socket it names and holds them idle.
+const asHog = "NODEAGENTCTL_TEST_HOG"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(asCtl) == "1" {
 		main()
 	}
+	if socket := os.Getenv(asHog); socket != "" {
+		hog(socket, 64)
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
+}
+
+// hog opens n connections to socket, sends one keep-alive request on each
+// and keeps every connection the server answered with 200 open and idle.
+// It prints "accepted A refused R", then "closed C" once it sees how many
+// the server closed within 8 seconds, and exits.
+func hog(socket string, n int) {
+	var conns []net.Conn
+	refused := 0
+	for range n {
+		c, err := net.Dial("unix", socket)
+		if err != nil {
+			refused++
+			continue
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET /v1/status HTTP/1.1\r\nHost: nodeagent\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			refused++
+			c.Close()
+			continue
+		}
+		io.Copy(io.Discard, resp.Body)
+		conns = append(conns, c)
+	}
+	fmt.Printf("accepted %d refused %d\n", len(conns), refused)
+	os.Stdout.Sync()
+	closed := 0
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(8 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	fmt.Printf("closed %d\n", closed)
 }
 
 // TestAgainstTheDaemon runs nodeagentctl against a real daemon converging a
@@ -143,5 +191,98 @@ func TestAgainstTheDaemon(t *testing.T) {
 	done <- nil
 	if code, out := ctl("status"); code != 2 || !strings.Contains(out, "cannot reach nodeagent") {
 		t.Errorf("status with the daemon gone: exit %d\n%s", code, out)
+	}
+}
+
+// TestIdleConnectionsDoNotLockOutRoot: 64 idle keep-alive connections from
+// uid 65534 (in the socket's group) do not keep root's status and reload
+// from answering within a second; the uid gets its share and no more, and
+// its idle connections are closed after a few seconds.
+func TestIdleConnectionsDoNotLockOutRoot(t *testing.T) {
+	node := testenv.NewNetNS(t)
+	dir, err := os.MkdirTemp("", "nodeagentctl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	os.WriteFile(cfg, []byte("sysctls: {net.ipv4.conf.lo.forwarding: \"0\"}\n"), 0o644)
+	socket := filepath.Join(dir, "nodeagent.sock")
+	d, err := agent.NewDaemon(agent.RunOptions{
+		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")},
+		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	c := api.NewClient(socket)
+	waitCtx, waitCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer waitCancel()
+	for {
+		if s, err := c.Status(waitCtx); err == nil && s.Ready {
+			break
+		} else if waitCtx.Err() != nil {
+			t.Fatalf("not ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.CloseIdleConnections()
+
+	self, _ := os.Executable()
+	bin := filepath.Join(dir, "hog")
+	b, _ := os.ReadFile(self)
+	os.WriteFile(bin, b, 0o755)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), asHog+"="+socket)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() {
+		t.Fatal("the hog said nothing")
+	}
+	var accepted, refused int
+	fmt.Sscanf(lines.Text(), "accepted %d refused %d", &accepted, &refused)
+	t.Logf("uid 65534 opened 64 connections: %d accepted and held idle, %d refused", accepted, refused)
+	// Control: the hog really holds connections.
+	if accepted == 0 || accepted+refused != 64 {
+		t.Fatalf("hog: %q", lines.Text())
+	}
+	if accepted > 8 {
+		t.Errorf("one uid holds %d connections; want at most 8", accepted)
+	}
+	for _, call := range []struct {
+		name string
+		do   func(context.Context) error
+	}{
+		{"status", func(ctx context.Context) error { _, err := c.Status(ctx); return err }},
+		{"reload", func(ctx context.Context) error { _, err := c.Reload(ctx); return err }},
+		{"status again", func(ctx context.Context) error { _, err := c.Status(ctx); return err }},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		start := time.Now()
+		err := call.do(ctx)
+		cancel()
+		t.Logf("root's %s with the hog's connections open: %.1f ms", call.name, float64(time.Since(start).Microseconds())/1000)
+		if err != nil {
+			t.Errorf("root's %s: %v", call.name, err)
+		}
+	}
+	if !lines.Scan() {
+		t.Fatal("the hog did not report the closes")
+	}
+	var closed int
+	fmt.Sscanf(lines.Text(), "closed %d", &closed)
+	if closed != accepted {
+		t.Errorf("the server closed %d of the %d idle connections within 8s; want all (idle timeout 5s)", closed, accepted)
 	}
 }

@@ -100,10 +100,21 @@ check test-config-validates nodeagent validate
 mkdir -p /etc/systemd/system/nodeagent.service.d
 printf '[Service]\nEnvironment=NODEAGENT_TEST_HOOKS=1\nWatchdogSec=6s\n' > /etc/systemd/system/nodeagent.service.d/test.conf
 systemctl daemon-reload
+# A peer file with a typo beside two good ones: the unit still starts
+# (READY=1 is not held back by one bad file), degraded, naming file and line.
+export good1=$(wg genkey | wg pubkey) good2=$(wg genkey | wg pubkey)
+printf 'publicKey: %s\nallowedIPs: [10.90.0.3/32]\n' "$good1" > /etc/nodeagent/peers.d/good1.yaml
+printf '[Peer]\nPublicKey = %s\nAllowedIPs = 10.90.0.4/32\n' "$good2" > /etc/nodeagent/peers.d/good2.conf
+printf 'publicKey: %s\nallowedIPs: [10.90.0.300/32]\n' "$(wg genkey | wg pubkey)" > /etc/nodeagent/peers.d/bad.yaml
 modules_before=$(ls /sys/module | tr '\n' ' ')
 t0=$SECONDS
 check systemctl-start systemctl start nodeagent
 echo "    systemctl start took $((SECONDS - t0))s"
+check degraded-by-bad-peer-file sh -c 'nodeagentctl status; test $? -eq 1'
+check names-bad-file-line sh -c 'nodeagentctl status | grep -q "peers.d/bad.yaml:2: allowedIPs\[0\]"'
+check good-peers sh -c 'wg show wg0 peers | grep -q "$good1" && wg show wg0 peers | grep -q "$good2"'
+rm /etc/nodeagent/peers.d/bad.yaml
+check bad-file-removed wait_for 20 nodeagentctl status
 # Type=notify: start returns only after READY=1, so the unit is active
 # (not activating) the moment it returns.
 check active-after-start is active

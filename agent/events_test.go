@@ -1,0 +1,47 @@
+package agent
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+func linkMsg(index int32, name string) []byte {
+	b := make([]byte, unix.SizeofIfInfomsg)
+	binary.NativeEndian.PutUint32(b[4:8], uint32(index))
+	return append(b, nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)).Serialize()...)
+}
+
+func addrMsg(index int32) []byte {
+	b := make([]byte, unix.SizeofIfAddrmsg)
+	binary.NativeEndian.PutUint32(b[4:8], uint32(index))
+	return b
+}
+
+// TestLinkNameCache: the index-to-name cache that matches address events
+// to named links follows the links: a deleted link leaves it, so pods
+// coming and going do not grow it without end, and a new link that gets
+// the old index is not taken for the old one.
+func TestLinkNameCache(t *testing.T) {
+	want := &interest{names: map[string]bool{"shim0": true}}
+	names := map[int32]string{}
+	if !relevant(unix.RTM_NEWLINK, linkMsg(7, "shim0"), want, names) {
+		t.Error("a named link's event is not relevant")
+	}
+	if !relevant(unix.RTM_NEWADDR, addrMsg(7), want, names) {
+		t.Error("an address event on the named link is not relevant")
+	}
+	for i := int32(100); i < 1100; i++ {
+		relevant(unix.RTM_NEWLINK, linkMsg(i, "veth"), want, names)
+		relevant(unix.RTM_DELLINK, linkMsg(i, "veth"), want, names)
+	}
+	relevant(unix.RTM_DELLINK, linkMsg(7, "shim0"), want, names)
+	if len(names) != 0 {
+		t.Errorf("%d names cached after every link was deleted", len(names))
+	}
+	if relevant(unix.RTM_NEWADDR, addrMsg(7), want, names) {
+		t.Error("an address on a reused index is taken for the deleted named link")
+	}
+}
