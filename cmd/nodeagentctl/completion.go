@@ -15,6 +15,7 @@ var conditionTypes = []string{
 	api.CondKillSwitchArmed,
 	api.CondSafeApply,
 	api.CondARPReachable,
+	api.CondPeersConfigured,
 }
 
 // completions holds the completion script for each shell, by name.
@@ -27,7 +28,7 @@ var completions = map[string]string{
 // condition's =STATUS forms (bash completes those as a separate word,
 // because it splits at "=").
 func forValues(withStatus bool) []string {
-	words := []string{"ready"}
+	words := []string{"ready", "healthy"}
 	for _, c := range conditionTypes {
 		words = append(words, "condition/"+c)
 		if withStatus {

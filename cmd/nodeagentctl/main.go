@@ -53,8 +53,10 @@ Usage:
   nodeagentctl peers [-o table|json]    WireGuard devices and their peers
   nodeagentctl wait [--for=COND] [--timeout=DUR]
                                         poll every 250ms until COND holds; COND is ready (the default:
-                                        what status exits 0 for) or condition/NAME[=STATUS], STATUS
-                                        True (the default), False or Unknown
+                                        converged with nothing failed, as READY=1; a degraded node is
+                                        ready), healthy (ready and not degraded: what status exits 0
+                                        for) or condition/NAME[=STATUS], STATUS True (the default),
+                                        False or Unknown
   nodeagentctl completion bash|zsh      print a shell completion script
   nodeagentctl version                  print the version
 
@@ -257,7 +259,7 @@ func (c *cli) status(ctx context.Context, client *api.Client, output string) int
 }
 
 // healthy reports whether s is what /readyz answers 200 for, which is what
-// status exits 0 for and wait --for=ready waits for.
+// status exits 0 for and wait --for=healthy waits for.
 func healthy(s *api.Status) bool { return s.Ready && !s.Degraded }
 
 func (c *cli) plan(ctx context.Context, client *api.Client) int {

@@ -468,8 +468,13 @@ func TestWait(t *testing.T) {
 		{"condition flips", flipping(2, readyStatus), []string{"--for", "condition/Converged"}, 0, 3, "Converged=True (Synced: 3 changes)\n", nil},
 		{"condition case-insensitive", always(readyStatus), []string{"--for=condition/converged=true"}, 0, 1, "Converged=True (Synced: 3 changes)\n", nil},
 		{"condition False", always(&killSwitchOff), []string{"--for=condition/KillSwitchArmed=False"}, 0, 1, "KillSwitchArmed=False (TableMissing)\n", nil},
-		{"degraded is not ready", always(degradedStatus), []string{"--timeout=100ms"}, 1, 2, "", []string{
-			"nodeagentctl: timed out after 100ms waiting for ready: SafeApply=False (RolledBack: probe gateway-ping failed after the change)\n"}},
+		// Degraded is ready (a skipped peer file must not keep k3s from
+		// starting), and not healthy.
+		{"degraded is ready", always(degradedStatus), []string{"--timeout=100ms"}, 0, 1,
+			"ready (degraded: SafeApply=False (RolledBack: probe gateway-ping failed after the change))\n", nil},
+		{"degraded is not healthy", always(degradedStatus), []string{"--for=healthy", "--timeout=100ms"}, 1, 2, "", []string{
+			"nodeagentctl: timed out after 100ms waiting for healthy: SafeApply=False (RolledBack: probe gateway-ping failed after the change)\n"}},
+		{"healthy", flipping(2, readyStatus), []string{"--for=healthy"}, 0, 3, "healthy\n", nil},
 		{"timeout names the reason", always(notReadyStatus), []string{"--for=ready", "--timeout=100ms"}, 1, 2, "", []string{
 			"nodeagentctl: timed out after 100ms waiting for ready: Converged=False (SyncFailed: link enp1s0.50: parent enp1s0 is down)\n"}},
 		{"condition not reported", always(readyStatus), []string{"--for=condition/TunnelHealthy", "--timeout=100ms"}, 1, 2, "", []string{
@@ -560,7 +565,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"wait", "--timeout=0"}, "nodeagentctl: --timeout 0s: must be > 0"},
 		{[]string{"wait", "--timeout=-1s"}, "nodeagentctl: --timeout -1s: must be > 0"},
 		{[]string{"wait", "--timeout=soon"}, `invalid argument "soon" for "--timeout"`},
-		{[]string{"wait", "--for=converged"}, `nodeagentctl: --for: "converged": want ready or condition/NAME[=STATUS]`},
+		{[]string{"wait", "--for=converged"}, `nodeagentctl: --for: "converged": want ready, healthy or condition/NAME[=STATUS]`},
 		{[]string{"wait", "--for=condition/"}, `nodeagentctl: --for: "condition/": no condition name`},
 		{[]string{"wait", "--for=condition/Ready=Yes"}, `nodeagentctl: --for: "condition/Ready=Yes": status "Yes": want True, False or Unknown`},
 		{[]string{"completion"}, "nodeagentctl: completion takes 1 argument, got 0"},

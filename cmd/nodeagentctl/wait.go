@@ -10,28 +10,36 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 )
 
-// waitTarget is what --for names: readiness (cond "") or one condition
-// having a status.
+// waitTarget is what --for names: readiness (cond ""; with healthy, also
+// not degraded) or one condition having a status.
 type waitTarget struct {
-	cond   string
-	status string
+	cond    string
+	status  string
+	healthy bool
 }
 
 func (t waitTarget) String() string {
-	if t.cond == "" {
+	switch {
+	case t.cond == "" && t.healthy:
+		return "healthy"
+	case t.cond == "":
 		return "ready"
 	}
 	return "condition/" + t.cond + "=" + t.status
 }
 
-// parseFor parses --for: ready, condition/NAME or condition/NAME=STATUS.
+// parseFor parses --for: ready, healthy, condition/NAME or
+// condition/NAME=STATUS.
 func parseFor(s string) (waitTarget, error) {
-	if s == "ready" {
+	switch s {
+	case "ready":
 		return waitTarget{}, nil
+	case "healthy":
+		return waitTarget{healthy: true}, nil
 	}
 	rest, ok := strings.CutPrefix(s, "condition/")
 	if !ok {
-		return waitTarget{}, fmt.Errorf("%q: want ready or condition/NAME[=STATUS]", s)
+		return waitTarget{}, fmt.Errorf("%q: want ready, healthy or condition/NAME[=STATUS]", s)
 	}
 	name, status, hasStatus := strings.Cut(rest, "=")
 	if name == "" {
@@ -48,10 +56,15 @@ func parseFor(s string) (waitTarget, error) {
 	return waitTarget{}, fmt.Errorf("%q: status %q: want True, False or Unknown", s, status)
 }
 
-// check reports whether s satisfies t, and if not, why not.
+// check reports whether s satisfies t, and if not, why not. Ready is the
+// daemon's READY=1: the first full convergence done with nothing failed.
+// A degraded node (a skipped peer file, a VIP that does not answer ARP) is
+// ready: what waits for the network (k3s) may start, and may be what the
+// degraded condition waits for. healthy is status's exit 0: ready and not
+// degraded.
 func (t waitTarget) check(s *api.Status) (bool, string) {
 	if t.cond == "" {
-		if healthy(s) {
+		if s.Ready && !(t.healthy && s.Degraded) {
 			return true, ""
 		}
 		return false, notReadyReason(s)
@@ -142,9 +155,12 @@ func (c *cli) wait(ctx context.Context, client *api.Client, t waitTarget, timeou
 		case err == nil:
 			ok, reason := t.check(s)
 			if ok {
-				if t.cond == "" {
-					fmt.Fprintln(c.stdout, "ready")
-				} else {
+				switch {
+				case t.cond == "" && s.Degraded:
+					fmt.Fprintf(c.stdout, "%s (degraded: %s)\n", t, notReadyReason(s))
+				case t.cond == "":
+					fmt.Fprintln(c.stdout, t)
+				default:
 					fmt.Fprintln(c.stdout, reason)
 				}
 				return exitOK
