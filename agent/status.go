@@ -95,7 +95,7 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
 	}
-	devs := wg.Status(post.WG)
+	devs := wireGuardDevices(wg.States(post.WG))
 	d.metrics.SyncDone(trigger, dur, failedSubs)
 	d.metrics.SetWireGuard(devs)
 	for _, dev := range devs {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg/config"
-	"github.com/nodeagent/nodeagent/netcfg/wg"
+	"github.com/nodeagent/nodeagent/netcfg/peerlive"
 )
 
 // track is one conditional label's hysteresis state: the condition as last
@@ -170,12 +170,12 @@ func wireGuardLive(servers []string, devs []api.WireGuardDevice, at time.Time) (
 }
 
 // peerLive reports whether p has an endpoint and a handshake younger than
-// wg.StaleHandshake at at. The handshake time is re-checked against at, so
+// peerlive.Stale at at. The handshake time is re-checked against at, so
 // an observation handed in late does not overstate liveness; without
 // either time, p.Live as observed counts.
 func peerLive(p api.WireGuardPeer, at time.Time) bool {
 	if p.LastHandshake == nil || at.IsZero() {
 		return p.Live
 	}
-	return p.Endpoint != "" && at.Sub(*p.LastHandshake) < wg.StaleHandshake
+	return peerlive.Live(p.Endpoint != "", *p.LastHandshake, at)
 }

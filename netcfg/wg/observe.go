@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/peerlive"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -104,7 +105,7 @@ func Observe(ctx context.Context, h *Handle, d Desired) (Observed, error) {
 			// address may have moved ("re-resolved on failure to
 			// handshake").
 			op, known := od.Peers[p.PublicKey]
-			stale := known && (op.LastHandshake.IsZero() || o.Time.Sub(op.LastHandshake) > StaleHandshake)
+			stale := known && peerlive.IsStale(op.LastHandshake, o.Time)
 			if r, done := o.Resolved[p.Endpoint]; done && !(stale && r.Err == "") {
 				continue
 			}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nodeagent/nodeagent/netcfg/peerlive"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -197,7 +198,7 @@ func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 // roaming: a peer with no configured endpoint keeps what the kernel learnt;
 // one configured as an address gets that address back; one configured as a
 // host name is re-pointed when it resolves elsewhere and the peer has not
-// completed a handshake in StaleHandshake (so a live session on an address
+// completed a handshake in peerlive.Stale (so a live session on an address
 // the name no longer gives stays up until it fails).
 func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) []string {
 	var changes []string
@@ -206,7 +207,7 @@ func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) []strin
 		if ap, err := netip.ParseAddrPort(p.Endpoint); err == nil && ap == ep {
 			literal = true
 		}
-		stale := op.LastHandshake.IsZero() || o.Time.Sub(op.LastHandshake) > StaleHandshake
+		stale := peerlive.IsStale(op.LastHandshake, o.Time)
 		if literal || stale || !op.Endpoint.IsValid() {
 			changes = append(changes, fmt.Sprintf("endpoint %s -> %s", endpointText(op.Endpoint), ep))
 		}

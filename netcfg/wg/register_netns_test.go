@@ -250,7 +250,7 @@ func TestBrokenPeerFileAndUnresolvableEndpoint(t *testing.T) {
 				t.Errorf("kernel peers %v: want only the good peer", dump)
 			}
 			st := l.status(ha, l.desired(ya))
-			if len(st) != 1 || len(st[0].Problems) != 2 || st[0].LivePeers != 1 {
+			if len(st) != 1 || len(st[0].Problems) != 2 || st[0].LivePeers() != 1 {
 				t.Errorf("status: %+v", st)
 			}
 		})

@@ -1,53 +1,83 @@
 package wg
 
 import (
-	"github.com/nodeagent/nodeagent/agent/api"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/peerlive"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
-// Status summarises the desired devices as observed, with the problems p
-// reports for each, in the local API's terms (public keys only). LivePeers
-// counts peers with an endpoint and a handshake younger than
-// StaleHandshake: on a remote-access server, the sign that this node is the
-// one the router really forwards the VPN port to.
-func Status(p Plan) []api.WireGuardDevice {
-	out := []api.WireGuardDevice{}
+// DeviceState is one desired device as observed, for status: public keys
+// only. The agent turns it into the local API's types.
+type DeviceState struct {
+	Name string
+	// Impl is ImplKernel or ImplUserspace, "" when the device does not
+	// exist (see Problems).
+	Impl       string
+	PublicKey  wgtypes.Key
+	ListenPort int
+	Peers      []PeerState // by public key
+	// Problems are the device's ops that cannot be applied (a skipped
+	// peer, a conflict), as plan text without the "! ".
+	Problems []string
+	// Time is when the device was observed.
+	Time time.Time
+}
+
+// PeerState is one peer of a device as observed.
+type PeerState struct {
+	PublicKey     wgtypes.Key
+	Name          string // from the desired peer of that key, "" if none
+	Endpoint      netip.AddrPort
+	LastHandshake time.Time // zero: never
+	RxBytes       int64
+	TxBytes       int64
+	AllowedIPs    []netip.Prefix
+}
+
+// Live reports whether the peer is live at t (peerlive.Live).
+func (p PeerState) Live(t time.Time) bool {
+	return peerlive.Live(p.Endpoint.IsValid(), p.LastHandshake, t)
+}
+
+// LivePeers counts the device's live peers when it was observed: on a
+// remote-access server, the sign that this node is the one the router
+// really forwards the VPN port to.
+func (d DeviceState) LivePeers() int {
+	n := 0
+	for _, p := range d.Peers {
+		if p.Live(d.Time) {
+			n++
+		}
+	}
+	return n
+}
+
+// States summarises the desired devices of p as observed, with the
+// problems p reports for each.
+func States(p Plan) []DeviceState {
+	out := []DeviceState{}
 	for _, d := range p.Desired.Devices {
-		ds := api.WireGuardDevice{Name: d.Name, Peers: []api.WireGuardPeer{}}
-		names := map[string]string{}
+		ds := DeviceState{Name: d.Name, Time: p.Observed.Time}
+		names := map[wgtypes.Key]string{}
 		for _, peer := range d.Peers {
-			names[peer.PublicKey.String()] = peer.Name
+			names[peer.PublicKey] = peer.Name
 		}
 		if od, ok := p.Observed.Devices[d.Name]; ok && od.Impl != "" {
-			ds.Implementation = od.Impl
-			ds.PublicKey = od.PublicKey.String()
-			ds.ListenPort = od.ListenPort
+			ds.Impl, ds.PublicKey, ds.ListenPort = od.Impl, od.PublicKey, od.ListenPort
 			for _, op := range od.Peers {
-				ps := api.WireGuardPeer{
-					PublicKey: op.PublicKey.String(), Name: names[op.PublicKey.String()],
-					RxBytes: op.RxBytes, TxBytes: op.TxBytes, HandshakeAgeSeconds: -1, AllowedIPs: []string{},
-				}
-				if op.Endpoint.IsValid() {
-					ps.Endpoint = op.Endpoint.String()
-				}
-				if !op.LastHandshake.IsZero() {
-					hs := op.LastHandshake
-					ps.LastHandshake = &hs
-					age := p.Observed.Time.Sub(hs)
-					ps.HandshakeAgeSeconds = int64(age / time.Second)
-					ps.Live = op.Endpoint.IsValid() && age < StaleHandshake
-				}
-				for _, a := range op.AllowedIPs {
-					ps.AllowedIPs = append(ps.AllowedIPs, a.String())
-				}
-				if ps.Live {
-					ds.LivePeers++
-				}
-				ds.Peers = append(ds.Peers, ps)
+				ds.Peers = append(ds.Peers, PeerState{
+					PublicKey: op.PublicKey, Name: names[op.PublicKey], Endpoint: op.Endpoint,
+					LastHandshake: op.LastHandshake, RxBytes: op.RxBytes, TxBytes: op.TxBytes,
+					AllowedIPs: op.AllowedIPs,
+				})
 			}
-			slices.SortFunc(ds.Peers, func(a, b api.WireGuardPeer) int { return strings.Compare(a.PublicKey, b.PublicKey) })
+			slices.SortFunc(ds.Peers, func(a, b PeerState) int {
+				return strings.Compare(a.PublicKey.String(), b.PublicKey.String())
+			})
 		}
 		for _, o := range p.Ops {
 			if o.Kind == OpFail && o.Device == d.Name {

@@ -42,11 +42,6 @@ const (
 // picks for a 1500-byte underlay (1500 - 80 bytes of IPv6 + UDP + WireGuard).
 const DefaultMTU = 1420
 
-// StaleHandshake is how old a peer's last handshake may be before the peer
-// counts as not talking (WireGuard rekeys every 2 minutes, gives up after
-// 3). A stale peer gets its endpoint re-resolved and rewritten.
-const StaleHandshake = 180 * time.Second
-
 // Key is secret key material: a private or preshared key. It never prints
 // in any format, so a Key in an error, log line or %+v dump shows nothing.
 type Key [32]byte
