@@ -23,6 +23,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/register"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
 
@@ -137,7 +138,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	if o.Register == nil {
-		o.Register = &config.RegisterCache{}
+		o.Register = &register.Cache{}
 	}
 	d := &Daemon{
 		o: o, log: o.Log, kick: make(chan string, 16), reqs: make(chan request), stall: make(chan time.Duration, 1),

@@ -14,6 +14,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/register"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,7 +34,7 @@ type Options struct {
 	TablesFile string
 	// Register caches parsed peer files across loads (nil: none); the
 	// daemon keeps one, since it re-reads the register on every resync.
-	Register *config.RegisterCache
+	Register *register.Cache
 }
 
 // Load reads and validates the config at o.Config and derives the desired

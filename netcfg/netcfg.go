@@ -10,11 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 
-	"github.com/nodeagent/nodeagent/netcfg/arp"
-	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
@@ -30,61 +27,6 @@ type Desired struct {
 	Sysctl sysctl.Desired
 	Route  route.Desired
 	WG     wg.Desired
-}
-
-// FromConfig derives the desired state from a validated config. Names of
-// routing tables are written to tablesFile ("" leaves it alone).
-func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
-	return FromConfigCached(c, tablesFile, nil)
-}
-
-// FromConfigCached is FromConfig reading WireGuard peer registers through
-// reg (nil: no cache), as the daemon does on every reload and resync.
-func FromConfigCached(c *config.Config, tablesFile string, reg *config.RegisterCache) (Desired, error) {
-	var d Desired
-	var errs []error
-	prefixes := func(owner string, ss []string) []netip.Prefix {
-		var out []netip.Prefix
-		for _, s := range ss {
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: address %q: %w", owner, s, err))
-				continue
-			}
-			out = append(out, p)
-		}
-		return out
-	}
-	for _, v := range c.VLANs {
-		d.Link.Links = append(d.Link.Links, link.Link{
-			Name: v.Name, Kind: link.VLAN, Parent: v.Parent, VLANID: v.ID, MTU: v.MTU,
-			Up: v.IsUp(), Addrs: prefixes(v.Name, v.Addresses), Adopt: v.Adopt,
-		})
-	}
-	for _, m := range c.Macvlans {
-		mode := m.Mode
-		if mode == "" {
-			mode = "bridge"
-		}
-		d.Link.Links = append(d.Link.Links, link.Link{
-			Name: m.Name, Kind: link.Macvlan, Parent: m.Parent, Mode: mode, MTU: m.MTU,
-			Up: m.IsUp(), Addrs: prefixes(m.Name, m.Addresses), Adopt: m.Adopt,
-		})
-	}
-	if !c.DAD.Disabled {
-		d.Link.DAD = &arp.Config{
-			Probes: c.DAD.Probes, Interval: c.DAD.Interval, Wait: c.DAD.Wait,
-			Announcements: c.DAD.Announcements,
-		}
-	}
-	d.Sysctl = sysctl.Desired{Values: c.Sysctls}
-	var err error
-	d.Route, err = routeFromConfig(c.Routing, tablesFile)
-	errs = append(errs, err)
-	d.Nft, err = nft.FromConfig(c.Firewall)
-	errs = append(errs, err)
-	d.WG = wg.FromConfig(c, config.Options{}, reg)
-	return d, errors.Join(errs...)
 }
 
 // Converger converges one namespace.

@@ -85,7 +85,7 @@ type WireGuard struct {
 }
 
 // WGPeer is one WireGuard peer, listed in WireGuard.Peers or read from a
-// file in WireGuard.PeersDir (see LoadRegister).
+// file in WireGuard.PeersDir (see package netcfg/register).
 type WGPeer struct {
 	Name string `yaml:"name"`
 	// Description is free text for the operator, such as whose device

@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"context"
@@ -11,24 +11,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
 // benchDesired has n masquerade sources out tun0 and n kill-switch sources
 // allowed out tun0 only: /24s two apart, so no two merge into one range.
-func benchDesired(n int) Desired {
-	var d Desired
+func benchDesired(n int) nft.Desired {
+	var d nft.Desired
 	for i := 0; i < n; i++ {
-		d.Masquerade = append(d.Masquerade, Masquerade{
+		d.Masquerade = append(d.Masquerade, nft.Masquerade{
 			From: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(2 * i / 256), byte(2 * i % 256), 0}), 24), Out: "tun0"})
-		d.KillSwitch = append(d.KillSwitch, KillSwitch{
+		d.KillSwitch = append(d.KillSwitch, nft.KillSwitch{
 			From: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, byte(16 + 2*i/256), byte(2 * i % 256), 0}), 24), AllowOut: []string{"tun0"}})
 	}
 	return d
 }
 
 // benchScript is the same ruleset as benchDesired, written for nft -f.
-func benchScript(d Desired) string {
+func benchScript(d nft.Desired) string {
 	var masq, ks []string
 	for _, m := range d.Masquerade {
 		masq = append(masq, m.From.String())
@@ -88,13 +89,13 @@ func BenchmarkNftRuleset(b *testing.B) {
 		var cold, applyOnly, nftF, noop time.Duration
 		for r := 0; r < runs; r++ {
 			start := time.Now()
-			o, err := Observe(context.Background(), ns.Host, d)
+			o, err := nft.Observe(context.Background(), ns.Host, d)
 			if err != nil {
 				b.Fatal(err)
 			}
-			p := MakePlan(d, o)
+			p := nft.MakePlan(d, o)
 			a := time.Now()
-			if _, err := Apply(context.Background(), ns.Host, p); err != nil {
+			if _, err := nft.Apply(context.Background(), ns.Host, p); err != nil {
 				b.Fatal(err)
 			}
 			cold = best(cold, time.Since(start))
@@ -111,7 +112,7 @@ func BenchmarkNftRuleset(b *testing.B) {
 			}
 		}
 		// What nft -f made is what nodeagent wants: the same ruleset.
-		if p := MakePlan(d, observe(b, ns)); !p.Empty() {
+		if p := nft.MakePlan(d, observe(b, ns)); !p.Empty() {
 			b.Fatalf("nft -f and nodeagent differ:\n%s", p)
 		}
 		mon := newNftMonitor(b, ns)
@@ -133,7 +134,7 @@ func BenchmarkNftRuleset(b *testing.B) {
 		b.ReportMetric(float64(writes), "noop-writes")
 		fmt.Printf("\n%d masquerade + %d kill-switch sources (2 sets, 2 rules), cold apply, best of %d:\n"+
 			"  nodeagent (observe, plan, 1 transaction, observe)  %7.1f ms   %.2fx nft -f (target <= 1.5x)\n"+
-			"    of which Apply (transaction + observe)             %7.1f ms\n"+
+			"    of which nft.Apply (transaction + observe)             %7.1f ms\n"+
 			"  nft -f (ip netns exec nft -f FILE)                  %7.1f ms\n"+
 			"no-op sync of the same: %.2f ms, %d writes, %d nftables notifications (target 0)\n\n",
 			n, n, runs, cold.Seconds()*1000, ratio, applyOnly.Seconds()*1000, nftF.Seconds()*1000,

@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"context"
@@ -12,42 +12,44 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.org/x/sys/unix"
 )
 
-func parse(t testing.TB, yaml string) Desired {
+func parse(t testing.TB, yaml string) nft.Desired {
 	t.Helper()
 	c, err := config.ParseWith("nodeagent.yaml", []byte(yaml), config.Options{SkipFileChecks: true})
 	if err != nil {
 		t.Fatalf("config:\n%v", err)
 	}
-	d, err := FromConfig(c.Firewall)
+	d, err := netcfg.FromConfig(c, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d
+	return d.Nft
 }
 
 // converge observes, plans and applies once, and returns the plan.
-func converge(t testing.TB, ns *testenv.NetNS, d Desired) Plan {
+func converge(t testing.TB, ns *testenv.NetNS, d nft.Desired) nft.Plan {
 	t.Helper()
-	o, err := Observe(context.Background(), ns.Host, d)
+	o, err := nft.Observe(context.Background(), ns.Host, d)
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}
-	p := MakePlan(d, o)
-	if _, err := Apply(context.Background(), ns.Host, p); err != nil {
+	p := nft.MakePlan(d, o)
+	if _, err := nft.Apply(context.Background(), ns.Host, p); err != nil {
 		t.Fatalf("apply:\n%s\nerror: %v", p, err)
 	}
 	return p
 }
 
 // observe observes ns and fails the test on error.
-func observe(t testing.TB, ns *testenv.NetNS) Observed {
+func observe(t testing.TB, ns *testenv.NetNS) nft.Observed {
 	t.Helper()
-	o, err := Observe(context.Background(), ns.Host, Desired{})
+	o, err := nft.Observe(context.Background(), ns.Host, nft.Desired{})
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}

@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"regexp"

@@ -1,4 +1,4 @@
-package nft
+package nft_test
 
 import (
 	"context"
@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"net"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/nftables/expr"
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
@@ -56,7 +55,7 @@ func TestMasqueradeRemoteAccess(t *testing.T) {
 	if fromNode, fromClient := got[0]-before[0], got[1]-before[1]; fromNode < 3 || fromClient != 0 {
 		t.Fatalf("lan saw %d echo requests from 192.168.2.10 (want >= 3) and %d packets from 10.90.0.2 (want 0)", fromNode, fromClient)
 	}
-	if p := MakePlan(d, observe(t, node)); !p.Empty() {
+	if p := nft.MakePlan(d, observe(t, node)); !p.Empty() {
 		t.Fatalf("not converged after apply:\n%s", p)
 	}
 }
@@ -141,8 +140,8 @@ firewall:
 `
 
 // TestDriftRepairedAndNoopSilent changes nodeagent's table by hand in three
-// ways; each is seen by the next Observe, shown by the plan and repaired
-// by one Apply. A sync with nothing to do sends nothing at all.
+// ways; each is seen by the next nft.Observe, shown by the plan and repaired
+// by one nft.Apply. A sync with nothing to do sends nothing at all.
 func TestDriftRepairedAndNoopSilent(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	d := parse(t, fullConfig)
@@ -193,19 +192,19 @@ func TestDriftRepairedAndNoopSilent(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ns.Exec(t, "nft", tt.cmd)
 			o := observe(t, ns)
-			p := MakePlan(d, o)
+			p := nft.MakePlan(d, o)
 			if diff := cmp.Diff(tt.want, p.String()); diff != "" {
 				t.Fatalf("plan after %q (-want +got):\n%s", tt.cmd, diff)
 			}
 			mon := newNftMonitor(t, ns)
-			o, err := Apply(context.Background(), ns.Host, p)
+			o, err := nft.Apply(context.Background(), ns.Host, p)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if n := mon.Stop(); n == 0 {
 				t.Fatal("the repair caused no nftables notification: the monitor sees nothing")
 			}
-			if p := MakePlan(d, o); !p.Empty() {
+			if p := nft.MakePlan(d, o); !p.Empty() {
 				t.Fatalf("not repaired:\n%s", p)
 			}
 		})
@@ -298,7 +297,7 @@ func TestConfigChangeUpdatesInPlace(t *testing.T) {
 	if !strings.Contains(p.String(), "- nft inet nodeagent counter ks_drops\n") {
 		t.Fatalf("dropping the kill switch keeps its counter:\n%s", p)
 	}
-	if p := MakePlan(noKillSwitch, observe(t, ns)); !p.Empty() {
+	if p := nft.MakePlan(noKillSwitch, observe(t, ns)); !p.Empty() {
 		t.Fatalf("not converged without the kill switch:\n%s", p)
 	}
 }
@@ -379,11 +378,11 @@ func TestForeignTablesUntouched(t *testing.T) {
 		t.Fatal("drift repair planned nothing")
 	}
 	check("drift repair")
-	p := MakePlan(Desired{}, observe(t, ns))
+	p := nft.MakePlan(nft.Desired{}, observe(t, ns))
 	if diff := cmp.Diff("- nft inet nodeagent table\n", p.String()); diff != "" {
 		t.Errorf("teardown plan (-want +got):\n%s", diff)
 	}
-	if _, err := Apply(context.Background(), ns.Host, p); err != nil {
+	if _, err := nft.Apply(context.Background(), ns.Host, p); err != nil {
 		t.Fatal(err)
 	}
 	check("teardown")
@@ -405,42 +404,16 @@ func TestTeardownRemovesEveryNodeagentTable(t *testing.T) {
 	if out := ns.Exec(t, "nft", "list", "tables"); out != "table ip filter\ntable inet k3s-test\ntable inet same-prio\ntable inet nodeagent\n" {
 		t.Fatalf("tables after apply:\n%s", out)
 	}
-	converge(t, ns, Desired{})
+	converge(t, ns, nft.Desired{})
 	if out := ns.Exec(t, "nft", "list", "tables"); out != "table ip filter\ntable inet k3s-test\ntable inet same-prio\n" {
 		t.Fatalf("tables after teardown:\n%s", out)
 	}
 }
 
-// TestFailedTransactionChangesNothing checks a claim Apply rests on: a
-// batch that changes set elements, empties a chain, refills it and then
-// fails part way is rolled back whole, and the table is as it was.
-func TestFailedTransactionChangesNothing(t *testing.T) {
-	ns := testenv.NewNetNS(t)
-	d := parse(t, fullConfig)
-	converge(t, ns, d)
-	before := ns.Exec(t, "nft", "-j", "list", "table", "inet", "nodeagent")
-
-	c, err := dial(ns.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
-	want := parse(t, strings.Replace(fullConfig, "10.90.0.0/24", "10.80.0.0/24", 1)).Tables()
-	// A kill-switch rule whose lookup names no set, queued last: by then
-	// the batch has deleted the table and re-added most of it.
-	bad := Rule{Exprs: append(slices.Clone(want[0].Chains[0].Rules[0].Exprs[:3]),
-		&expr.Lookup{SourceRegister: 1, SetName: "no-such-set"}, &expr.Verdict{Kind: expr.VerdictDrop})}
-	last := &want[0].Chains[len(want[0].Chains)-1]
-	last.Rules = append(last.Rules, bad)
-	err = c.update(want, observe(t, ns).Tables)
-	if err == nil {
-		t.Fatal("a rule looking up a set that does not exist was accepted")
-	}
-	t.Logf("failed as expected: %v", err)
-	if diff := cmp.Diff(before, ns.Exec(t, "nft", "-j", "list", "table", "inet", "nodeagent")); diff != "" {
-		t.Fatalf("a failed transaction changed the table (-before +after):\n%s", diff)
-	}
-	if p := MakePlan(d, observe(t, ns)); !p.Empty() {
-		t.Fatalf("not the old ruleset after a failed transaction:\n%s", p)
+// TestFullConfigTranslation: the desired state the internal tests build by
+// hand is what netcfg derives from fullConfig.
+func TestFullConfigTranslation(t *testing.T) {
+	if diff := cmp.Diff(nft.FullDesired(), parse(t, fullConfig)); diff != "" {
+		t.Errorf("(-by hand +from the config):\n%s", diff)
 	}
 }

@@ -1,4 +1,4 @@
-package wg
+package wg_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/register"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -59,27 +61,27 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 
 		// nodeagent
 		ns := testenv.NewNetNS(b)
-		h := &Handle{Host: ns.Host, Log: slog.New(slog.DiscardHandler)}
+		h := &wg.Handle{Host: ns.Host, Log: slog.New(slog.DiscardHandler)}
 		var phases string
 		// The daemon's register cache: after the cold read, a re-read costs
 		// a stat per unchanged file and parses only what changed.
-		cache := &config.RegisterCache{}
-		sync := func() Plan {
+		cache := &register.Cache{}
+		sync := func() wg.Plan {
 			t0 := time.Now()
 			c, err := config.Load(cfgFile)
 			if err != nil {
 				b.Fatal(err)
 			}
-			d := FromConfig(c, config.Options{}, cache)
+			d := wgDesired(b, c, cache)
 			t1 := time.Now()
-			o, err := Observe(context.Background(), h, d)
+			o, err := wg.Observe(context.Background(), h, d)
 			if err != nil {
 				b.Fatal(err)
 			}
 			t2 := time.Now()
-			p := MakePlan(d, o)
+			p := wg.MakePlan(d, o)
 			t3 := time.Now()
-			if _, err := Apply(context.Background(), h, p); err != nil {
+			if _, err := wg.Apply(context.Background(), h, p); err != nil {
 				b.Fatal(err)
 			}
 			phases += fmt.Sprintf("  config+register %v, observe %v, plan %v, apply %v\n", t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), time.Since(t3))
@@ -88,7 +90,7 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		start := time.Now()
 		p := sync()
 		cold := time.Since(start)
-		fmt.Printf("cold sync: %d wgctrl calls carrying %d peers, %s in them\n", h.ConfigWrites(), h.PeerWrites(), time.Duration(h.configNanos.Load()))
+		fmt.Printf("cold sync: %d wgctrl calls carrying %d peers, %s in them\n", h.ConfigWrites(), h.PeerWrites(), h.ConfigTime())
 		if got := strings.Count(p.String(), "peer "); got != n {
 			b.Fatalf("cold sync wrote %d peers", got)
 		}
@@ -118,15 +120,15 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		// The daemon rebuilds the desired state when a file changes, not on
 		// every kernel event or resync: its no-op sync is observe + plan.
 		c, _ := config.Load(cfgFile)
-		d := FromConfig(c, config.Options{}, nil)
+		d := wgDesired(b, c, nil)
 		var noopMem time.Duration
 		for j := 0; j < 5; j++ {
 			s := time.Now()
-			o, err := Observe(context.Background(), h, d)
+			o, err := wg.Observe(context.Background(), h, d)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if p := MakePlan(d, o); !p.Empty() {
+			if p := wg.MakePlan(d, o); !p.Empty() {
 				b.Fatalf("no-op plan:\n%s", p)
 			}
 			if e := time.Since(s); noopMem == 0 || e < noopMem {
@@ -146,7 +148,7 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 				if changed && j == 7 {
 					a = "10.200.0.7/32"
 				}
-				fmt.Fprintf(&s, "\n[Peer]\nPublicKey = %s\nAllowedIPs = %s\n", p.pub, a)
+				fmt.Fprintf(&s, "\n[wg.Peer]\nPublicKey = %s\nAllowedIPs = %s\n", p.pub, a)
 			}
 			f := filepath.Join(dir, fmt.Sprintf("wg0-%v.conf", changed))
 			os.WriteFile(f, []byte(s.String()), 0o600)

@@ -81,6 +81,10 @@ func (h *Handle) Close() {
 	}
 }
 
+// ConfigTime returns the time spent in wgctrl writes, for the benchmark's
+// breakdown.
+func (h *Handle) ConfigTime() time.Duration { return time.Duration(h.configNanos.Load()) }
+
 func (h *Handle) now() time.Time {
 	if h.Now != nil {
 		return h.Now()

@@ -1,4 +1,4 @@
-package wg
+package wg_test
 
 import (
 	"bytes"
@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/register"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -25,7 +28,7 @@ import (
 type lab struct {
 	t       *testing.T
 	dir     string
-	us      *Userspace
+	us      *wg.Userspace
 	mu      sync.Mutex
 	out     bytes.Buffer
 	secrets []string
@@ -36,7 +39,7 @@ func newLab(t *testing.T) *lab {
 	testenv.RequireRoot(t)
 	l := &lab{t: t, dir: t.TempDir()}
 	l.log = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug - 8}))
-	l.us = NewUserspace(l.log)
+	l.us = wg.NewUserspace(l.log)
 	t.Cleanup(l.us.Close)
 	t.Cleanup(l.checkNoSecrets)
 	return l
@@ -95,36 +98,46 @@ func (l *lab) psk(name string) string {
 	return path
 }
 
-// handle returns a Handle on ns hosting userspace devices in this process.
-func (l *lab) handle(ns *testenv.NetNS) *Handle {
-	h := &Handle{Host: ns.Host, Userspace: l.us, Log: l.log}
+// handle returns a wg.Handle on ns hosting userspace devices in this process.
+func (l *lab) handle(ns *testenv.NetNS) *wg.Handle {
+	h := &wg.Handle{Host: ns.Host, Userspace: l.us, Log: l.log}
 	l.t.Cleanup(h.Close)
 	return h
 }
 
 // desired parses yaml as nodeagent.yaml (with file checks: the key files
 // are real) and derives the WireGuard desired state.
-func (l *lab) desired(yaml string) Desired {
+func (l *lab) desired(yaml string) wg.Desired {
 	l.t.Helper()
 	c, err := config.Parse(filepath.Join(l.dir, "nodeagent.yaml"), []byte(yaml))
 	if err != nil {
 		l.t.Fatalf("config:\n%v", err)
 	}
-	return FromConfig(c, config.Options{}, nil)
+	return wgDesired(l.t, c, nil)
+}
+
+// wgDesired is netcfg's derivation of c, the WireGuard part.
+func wgDesired(t testing.TB, c *config.Config, cache *register.Cache) wg.Desired {
+	t.Helper()
+	d, err := netcfg.FromConfigCached(c, "", cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.WG
 }
 
 // sync observes, plans and applies once, recording the plan, the status
 // JSON and the error; it fails the test on failures unless allowFail.
-func (l *lab) sync(h *Handle, d Desired, allowFail bool) (Plan, error) {
+func (l *lab) sync(h *wg.Handle, d wg.Desired, allowFail bool) (wg.Plan, error) {
 	l.t.Helper()
 	ctx := context.Background()
-	o, err := Observe(ctx, h, d)
+	o, err := wg.Observe(ctx, h, d)
 	if err != nil {
 		l.t.Fatalf("observe: %v", err)
 	}
-	p := MakePlan(d, o)
+	p := wg.MakePlan(d, o)
 	l.record(p.String())
-	_, err = Apply(ctx, h, p)
+	_, err = wg.Apply(ctx, h, p)
 	if err != nil {
 		l.record(err.Error())
 		if !allowFail {
@@ -136,13 +149,13 @@ func (l *lab) sync(h *Handle, d Desired, allowFail bool) (Plan, error) {
 }
 
 // status returns the status of d as observed now, recording its JSON.
-func (l *lab) status(h *Handle, d Desired) []DeviceState {
+func (l *lab) status(h *wg.Handle, d wg.Desired) []wg.DeviceState {
 	l.t.Helper()
-	o, err := Observe(context.Background(), h, d)
+	o, err := wg.Observe(context.Background(), h, d)
 	if err != nil {
 		l.t.Fatalf("observe: %v", err)
 	}
-	st := States(MakePlan(d, o))
+	st := wg.States(wg.MakePlan(d, o))
 	// Keys print as base64 through their String methods, as the API's
 	// JSON shows them, so the secret check below sees a leaked key.
 	l.record(fmt.Sprintf("%+v", st))
@@ -160,9 +173,9 @@ func devName(prefix string) string {
 // impls returns the implementations this kernel can test: userspace
 // always, kernel where the kernel has WireGuard (the VM tier).
 func impls(t *testing.T) []string {
-	out := []string{ImplUserspace}
+	out := []string{wg.ImplUserspace}
 	if testenv.HasModule("wireguard") {
-		out = append(out, ImplKernel)
+		out = append(out, wg.ImplKernel)
 	} else {
 		t.Log("kernel has no wireguard: the kernel implementation is tested in the VM tier (make test-vm)")
 	}
@@ -238,7 +251,7 @@ func TestTunnelBetweenNamespaces(t *testing.T) {
 			}
 
 			// Teardown (an empty desired state) removes the device.
-			l.sync(ha, Desired{}, false)
+			l.sync(ha, wg.Desired{}, false)
 			if out, err := a.TryExec("ip", "link", "show", na); err == nil {
 				t.Errorf("%s still exists after removal from config:\n%s", na, out)
 			}

@@ -1,4 +1,4 @@
-package wg
+package wg_test
 
 import (
 	"context"

@@ -15,12 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/testenv"
 	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-
-	"github.com/nodeagent/nodeagent/netcfg/host"
-	"github.com/nodeagent/nodeagent/testenv"
 )
 
 // usLogBuffer collects every log line, wireguard-go's verbose ones too, so

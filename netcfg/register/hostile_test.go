@@ -1,4 +1,4 @@
-package config
+package register
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg/config"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,7 +38,7 @@ func TestHostileRegisterEntries(t *testing.T) {
 	if b, err := os.ReadFile(secret); err != nil || !strings.Contains(string(b), marker) {
 		t.Fatalf("control: %v", err)
 	}
-	if _, errs := parseYAMLPeer("x.yaml", []byte(secretLooking), Options{}); !strings.Contains(fmt.Sprint(errs), "unknown field") {
+	if _, errs := parseYAMLPeer("x.yaml", []byte(secretLooking), config.Options{}); !strings.Contains(fmt.Sprint(errs), "unknown field") {
 		t.Fatalf("control: parsing the secret directly gives %v", errs)
 	}
 
@@ -102,13 +103,13 @@ func TestHostileRegisterEntries(t *testing.T) {
 			}
 			dir := t.TempDir()
 			tt.setup(t, dir)
-			done := make(chan Register, 1)
-			go func() { done <- LoadRegister(dir, Options{}) }()
-			var reg Register
+			done := make(chan Contents, 1)
+			go func() { done <- Load(dir, config.Options{}) }()
+			var reg Contents
 			select {
 			case reg = <-done:
 			case <-time.After(5 * time.Second):
-				t.Fatal("LoadRegister blocked")
+				t.Fatal("Load blocked")
 			}
 			if len(reg.Peers) != 0 {
 				t.Errorf("peers %+v; want none", reg.Peers)
@@ -136,15 +137,15 @@ func TestHostileRegisterEntries(t *testing.T) {
 	os.Mkdir(filepath.Join(dir, "keep"), 0o755)
 	writeFile(t, filepath.Join(dir, "keep"), "alice.yaml", "publicKey: "+keyA+"\n", 0o600)
 	os.Symlink("keep/alice.yaml", filepath.Join(dir, "alice.yaml"))
-	reg := LoadRegister(dir, Options{})
+	reg := Load(dir, config.Options{})
 	if len(reg.Errors) != 0 || len(reg.Peers) != 1 || reg.Peers[0].Peer.PublicKey != keyA {
 		t.Errorf("link inside the register: %+v", reg)
 	}
 }
 
-// TestErrorsAreCapped: a register file of aliases and a main config that
-// expands to a million errors are each reported in at most the cap, and
-// the count of the rest.
+// TestErrorsAreCapped: a register file of aliases, and a register of
+// thirty of them, are each reported in at most the cap, and the count of
+// the rest.
 func TestErrorsAreCapped(t *testing.T) {
 	// 64 KiB of aliases to one unknown key: thousands of errors uncapped.
 	var b strings.Builder
@@ -154,7 +155,7 @@ func TestErrorsAreCapped(t *testing.T) {
 	}
 	dir := t.TempDir()
 	writeFile(t, dir, "alias.yaml", b.String(), 0o600)
-	reg := LoadRegister(dir, Options{})
+	reg := Load(dir, config.Options{})
 	lines := registerErrors(t, dir, reg.Errors)
 	if len(lines) != MaxFileErrors+1 || !strings.HasPrefix(lines[MaxFileErrors], "alias.yaml: and ") {
 		t.Errorf("%d lines (want %d), last %q", len(lines), MaxFileErrors+1, lines[len(lines)-1])
@@ -165,39 +166,9 @@ func TestErrorsAreCapped(t *testing.T) {
 	for i := range 30 {
 		writeFile(t, dir, fmt.Sprintf("alias%02d.yaml", i), b.String(), 0o600)
 	}
-	lines = registerErrors(t, dir, LoadRegister(dir, Options{}).Errors)
+	lines = registerErrors(t, dir, Load(dir, config.Options{}).Errors)
 	if len(lines) > MaxRegisterErrors+1 || !strings.Contains(lines[len(lines)-1], "more skipped file(s)") {
 		t.Errorf("30 alias files: %d lines (cap %d), last %q", len(lines), MaxRegisterErrors, lines[len(lines)-1])
 	}
 
-	// A small config of aliases: a million unknown fields.
-	cfg := billionErrors()
-	_, err := Parse("nodeagent.yaml", []byte(cfg))
-	list, _ := err.(ErrorList)
-	if len(list) != MaxConfigErrors+1 || !strings.Contains(list[len(list)-1].Msg, "more error(s)") {
-		t.Errorf("%d-byte config: %d errors (want %d), last %v", len(cfg), len(list), MaxConfigErrors+1, list[len(list)-1])
-	}
-	t.Logf("%d-byte config: %d error lines, last %q", len(cfg), len(list), list[len(list)-1])
-}
-
-// billionErrors is a small config whose aliases expand to about a million
-// unknown fields: a mapping of 330 of them, aliased by 3030 VLANs.
-func billionErrors() string {
-	var b strings.Builder
-	b.WriteString("x: &a {")
-	for i := range 330 {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "u%d: 1", i)
-	}
-	b.WriteString("}\nvlans: [")
-	for i := range 3030 {
-		if i > 0 {
-			b.WriteString(",")
-		}
-		b.WriteString("*a")
-	}
-	b.WriteString("]\n")
-	return b.String()
 }

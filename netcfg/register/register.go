@@ -1,34 +1,8 @@
-package config
-
-import (
-	"bytes"
-	"encoding/base64"
-	"errors"
-	"fmt"
-	"io"
-	"io/fs"
-	"log/slog"
-	"net/netip"
-	"path/filepath"
-	"reflect"
-	"regexp"
-	"runtime"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/nodeagent/nodeagent/netcfg/fsafe"
-	"golang.org/x/sys/unix"
-	"gopkg.in/yaml.v3"
-)
-
-// This file reads the WireGuard peer register: a wireguard[].peersDir
+// Package register reads the WireGuard peer register: a wireguard[].peersDir
 // holding one file per peer, which the daemon reads again on every sync so
 // that adding, changing or removing a file changes that one peer.
 //
-// A file is YAML (*.yaml, *.yml), whose top level is a WGPeer:
+// A file is YAML (*.yaml, *.yml), whose top level is a config.WGPeer:
 //
 //	description: alice's laptop
 //	publicKey: xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=
@@ -44,30 +18,54 @@ import (
 //
 // Either way the peer is named after the file (alice.yaml is alice) unless
 // a YAML file sets name.
+package register
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"golang.org/x/sys/unix"
+)
 
 // maxPeerFileSize bounds a register file. A peer takes a few hundred bytes;
 // anything near this is not a peer file, and the daemon reads the register
 // on every sync.
 const maxPeerFileSize = 64 << 10
 
-// RegisterPeer is one peer read from a peersDir file.
-type RegisterPeer struct {
+// Peer is one peer read from a peersDir file.
+type Peer struct {
 	// File is the file the peer came from, as joined from the directory
-	// given to LoadRegister.
+	// given to Load.
 	File string
 	// Line is the line the peer starts on: the [Peer] line of a wg-quick
 	// file, the top-level mapping of a YAML file (1 unless comments come
 	// first).
 	Line int
-	Peer WGPeer
+	Peer config.WGPeer
 	// PresharedKey is an inline preshared key from a wg-quick stanza; YAML
 	// files name a Peer.PresharedKeyFile instead. It is a Secret so that it
 	// never prints.
 	PresharedKey Secret
 	// KeyLine and AllowedIPLines are the lines of Peer.PublicKey and of
 	// each of Peer.AllowedIPs, so that a duplicate found between files
-	// (by LoadRegister or MergePeers) is reported where it is written.
-	// Where they are missing, as in a RegisterPeer built in code, Line is
+	// (by Load or Merge) is reported where it is written.
+	// Where they are missing, as in a Peer built in code, Line is
 	// used.
 	KeyLine        int
 	AllowedIPLines []int
@@ -118,15 +116,15 @@ func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 // LogValue makes slog print String.
 func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
-// Register is what LoadRegister read: the good peers in file-name order,
+// Contents is what Load read: the good peers in file-name order,
 // and one error per file that was skipped.
 //
-// Each error is an ErrorList of *FieldError whose File is the skipped
+// Each error is an config.ErrorList of *config.FieldError whose File is the skipped
 // file, or, when the directory itself could not be read, the directory:
 // then Peers is empty and says nothing about what the register holds, so
 // a caller should keep the peers it has rather than remove them.
-type Register struct {
-	Peers  []RegisterPeer
+type Contents struct {
+	Peers  []Peer
 	Errors []error
 	// Unreadable reports that the directory itself could not be read:
 	// Peers then says nothing about what the register holds, and a caller
@@ -134,7 +132,7 @@ type Register struct {
 	Unreadable bool
 }
 
-// LoadRegister reads every *.yaml, *.yml and *.conf file in dir, sorted
+// Load reads every *.yaml, *.yml and *.conf file in dir, sorted
 // by name. Other files are ignored, and so are subdirectories, dotfiles
 // (.alice.yaml.swp, .#alice.yaml) and editor backups (alice.yaml~), so that
 // an editor at work leaves no half-written peer behind.
@@ -154,16 +152,16 @@ type Register struct {
 //
 // A missing dir is an empty register, not an error; an unreadable one is
 // an error.
-func LoadRegister(dir string, opts Options) Register {
-	return (*RegisterCache)(nil).Load(dir, opts)
+func Load(dir string, opts config.Options) Contents {
+	return (*Cache)(nil).Load(dir, opts)
 }
 
-// RegisterCache keeps what Load parsed, by each file's identity (inode,
+// Cache keeps what Load parsed, by each file's identity (inode,
 // size, modification and change times), so that re-reading a register of
 // thousands of peers costs a stat per unchanged file. The daemon re-reads
 // the register on every file event and resync; only what changed is parsed
 // again. The zero value is ready; a nil cache caches nothing.
-type RegisterCache struct {
+type Cache struct {
 	mu    sync.Mutex
 	files map[string]cachedPeerFile
 	// now is the clock; nil means time.Now. Tests move it.
@@ -172,8 +170,8 @@ type RegisterCache struct {
 
 type cachedPeerFile struct {
 	id     fileID
-	p      RegisterPeer
-	errs   ErrorList
+	p      Peer
+	errs   config.ErrorList
 	ignore bool
 	// racy: the file was modified less than racyWindow before it was
 	// parsed. File times move in clock ticks, so a second write in the same
@@ -194,30 +192,30 @@ type fileID struct {
 	skipFileChecks bool
 }
 
-func idOf(st unix.Stat_t, opts Options) fileID {
+func idOf(st unix.Stat_t, opts config.Options) fileID {
 	return fileID{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), skipFileChecks: opts.SkipFileChecks}
 }
 
-// Load is LoadRegister with the cache.
-func (c *RegisterCache) Load(dir string, opts Options) Register {
+// Load is Load with the cache.
+func (c *Cache) Load(dir string, opts config.Options) Contents {
 	d, err := fsafe.OpenDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return Register{}
+			return Contents{}
 		}
-		return Register{Unreadable: true, Errors: []error{ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
+		return Contents{Unreadable: true, Errors: []error{config.ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
 	}
 	defer d.Close()
 	entries, err := d.ReadDir()
 	if err != nil {
-		return Register{Unreadable: true, Errors: []error{ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
+		return Contents{Unreadable: true, Errors: []error{config.ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
 	}
 	// Files are read and parsed in parallel (a register of thousands of
 	// peers is mostly open, read and YAML parsing), then claimed in name
 	// order, so which of two clashing files wins does not depend on timing.
 	type loaded struct {
-		p      RegisterPeer
-		errs   ErrorList
+		p      Peer
+		errs   config.ErrorList
 		ignore bool
 	}
 	var names, files, formats []string
@@ -257,7 +255,7 @@ func (c *RegisterCache) Load(dir string, opts Options) Register {
 	}
 	wg.Wait()
 	c.keepOnly(dir, files)
-	var reg Register
+	var reg Contents
 	taken := newClaims()
 	lines, dropped, droppedFiles := 0, 0, 0
 	for _, l := range out {
@@ -280,10 +278,10 @@ func (c *RegisterCache) Load(dir string, opts Options) Register {
 			continue
 		}
 		lines += len(errs)
-		reg.Errors = append(reg.Errors, errs.sorted())
+		reg.Errors = append(reg.Errors, errs.Sorted())
 	}
 	if droppedFiles > 0 {
-		reg.Errors = append(reg.Errors, ErrorList{{File: dir, Msg: fmt.Sprintf("and %d more skipped file(s) with %d error(s), not listed", droppedFiles, dropped)}})
+		reg.Errors = append(reg.Errors, config.ErrorList{{File: dir, Msg: fmt.Sprintf("and %d more skipped file(s) with %d error(s), not listed", droppedFiles, dropped)}})
 	}
 	return reg
 }
@@ -297,34 +295,34 @@ const (
 	MaxRegisterErrors = 200
 )
 
-// MergePeers joins an interface's static peers (WireGuard.Peers, already
-// validated with the config) with its register, by the rules LoadRegister
+// Merge joins an interface's static peers (WireGuard.Peers, already
+// validated with the config) with its register, by the rules Load
 // applies between files: a public key, and an allowed prefix, belong to one
 // peer only. Static peers win, because the config is the operator's
 // deliberate word and a register file may be dropped in by anyone with
 // write access to peersDir.
 //
-// It returns the static peers first, in order, as RegisterPeers with no
+// It returns the static peers first, in order, as Peers with no
 // File, then the register peers that clash with none of them, in order;
-// and one error (an ErrorList) per register peer it left out, naming that
+// and one error (an config.ErrorList) per register peer it left out, naming that
 // peer's file and line and the static peer it clashes with. staticWhere
 // names static peer i in those errors, like
 // "nodeagent.yaml wireguard[1].peers[0]"; nil names it peers[i].
 // reg.Errors are not repeated.
-func MergePeers(static []WGPeer, staticWhere func(i int) string, reg Register) ([]RegisterPeer, []error) {
+func Merge(static []config.WGPeer, staticWhere func(i int) string, reg Contents) ([]Peer, []error) {
 	if staticWhere == nil {
-		staticWhere = func(i int) string { return indexPath("peers", i) }
+		staticWhere = func(i int) string { return config.IndexPath("peers", i) }
 	}
 	taken := newClaims()
-	out := make([]RegisterPeer, 0, len(static)+len(reg.Peers))
+	out := make([]Peer, 0, len(static)+len(reg.Peers))
 	for i, p := range static {
 		taken.add(p, func(int) string { return staticWhere(i) })
-		out = append(out, RegisterPeer{Peer: p})
+		out = append(out, Peer{Peer: p})
 	}
 	var errs []error
 	for _, p := range reg.Peers {
 		if e := taken.claim(p); len(e) > 0 {
-			errs = append(errs, e.sorted())
+			errs = append(errs, e.Sorted())
 			continue
 		}
 		out = append(out, p)
@@ -346,7 +344,7 @@ func newClaims() claims {
 // add records p's key and prefixes where they are free; where(i) names
 // p's allowed IP i, and where(-1) its key. Prefixes that do not parse are
 // left out: validation has reported them.
-func (c claims) add(p WGPeer, where func(i int) string) {
+func (c claims) add(p config.WGPeer, where func(i int) string) {
 	if _, ok := c.keys[p.PublicKey]; !ok && p.PublicKey != "" {
 		c.keys[p.PublicKey] = where(-1)
 	}
@@ -362,10 +360,10 @@ func (c claims) add(p WGPeer, where func(i int) string) {
 // claim records p's key and prefixes, or, if any is taken, reports every
 // clash and records nothing: a peer that is left out must not keep a later
 // one out too.
-func (c claims) claim(p RegisterPeer) ErrorList {
-	var errs ErrorList
+func (c claims) claim(p Peer) config.ErrorList {
+	var errs config.ErrorList
 	if first, dup := c.keys[p.Peer.PublicKey]; dup {
-		errs = append(errs, &FieldError{File: p.File, Line: p.line(-1), Field: p.field(-1),
+		errs = append(errs, &config.FieldError{File: p.File, Line: p.line(-1), Field: p.field(-1),
 			Msg: "duplicate peer public key; first in " + first})
 	}
 	for i, s := range p.Peer.AllowedIPs {
@@ -374,7 +372,7 @@ func (c claims) claim(p RegisterPeer) ErrorList {
 			continue
 		}
 		if first, dup := c.allowed[pfx.Masked()]; dup {
-			errs = append(errs, &FieldError{File: p.File, Line: p.line(i), Field: p.field(i),
+			errs = append(errs, &config.FieldError{File: p.File, Line: p.line(i), Field: p.field(i),
 				Msg: fmt.Sprintf("%s is already allowed for the peer in %s; WireGuard routes a prefix to one peer only", pfx.Masked(), first)})
 		}
 	}
@@ -390,7 +388,7 @@ func (c claims) claim(p RegisterPeer) ErrorList {
 }
 
 // line returns the line of p's allowed IP i, or of its key for i < 0.
-func (p RegisterPeer) line(i int) int {
+func (p Peer) line(i int) int {
 	switch {
 	case i < 0 && p.KeyLine > 0:
 		return p.KeyLine
@@ -402,10 +400,10 @@ func (p RegisterPeer) line(i int) int {
 
 // field names p's allowed IP i, or its key for i < 0, as errors about
 // p's file do.
-func (p RegisterPeer) field(i int) string {
+func (p Peer) field(i int) string {
 	path := "publicKey"
 	if i >= 0 {
-		path = indexPath("allowedIPs", i)
+		path = config.IndexPath("allowedIPs", i)
 	}
 	if registerFormat(filepath.Base(p.File)) == "conf" {
 		return wgQuickName(path)
@@ -429,7 +427,7 @@ func registerFormat(name string) string {
 }
 
 // cause returns err without the operation and path an *fs.PathError adds,
-// which the FieldError around it names already.
+// which the config.FieldError around it names already.
 func cause(err error) string {
 	if pe, ok := errors.AsType[*fs.PathError](err); ok {
 		return pe.Err.Error()
@@ -451,48 +449,31 @@ var peerFileRules = fsafe.Rules{MaxSize: maxPeerFileSize}
 // directory behind a symlink, which the register passes over like any
 // subdirectory. ok reports whether st is the identity of what was read
 // (and so whether the result may be cached).
-func loadPeerFile(d *fsafe.Dir, name, file, format string, opts Options) (p RegisterPeer, errs ErrorList, ignore bool, st unix.Stat_t, ok bool) {
+func loadPeerFile(d *fsafe.Dir, name, file, format string, opts config.Options) (p Peer, errs config.ErrorList, ignore bool, st unix.Stat_t, ok bool) {
 	data, st, err := d.ReadFile(name, peerFileRules)
 	switch {
 	case errors.Is(err, fsafe.ErrIsDir):
-		return RegisterPeer{}, nil, true, st, true
+		return Peer{}, nil, true, st, true
 	case err != nil:
 		// Not cached: what failed to open has no identity worth keeping,
 		// and a file that was refused is looked at again next time.
-		return RegisterPeer{}, ErrorList{{File: file, Msg: reason(err)}}, false, st, false
+		return Peer{}, config.ErrorList{{File: file, Msg: reason(err)}}, false, st, false
 	}
 	if format == "conf" {
 		p, errs = parseWGQuickPeer(file, data, fs.FileMode(st.Mode&0o777), opts)
 	} else {
 		p, errs = parseYAMLPeer(file, data, opts)
 	}
-	return p, capErrors(file, redactErrors(errs), MaxFileErrors), false, st, true
+	return p, redactErrors(errs), false, st, true
 }
 
 // reason is an fsafe error's reason without the path, which the
-// FieldError around it names already.
+// config.FieldError around it names already.
 func reason(err error) string {
 	if e, ok := errors.AsType[*fsafe.Error](err); ok {
 		return e.Reason
 	}
 	return cause(err)
-}
-
-// capErrors keeps the first n errors of l by line and says how many more
-// there were.
-func capErrors(file string, l ErrorList, n int) ErrorList {
-	if len(l) <= n {
-		return l
-	}
-	s := l.sorted()
-	more := len(s) - n
-	if last := s[len(s)-1]; last.more {
-		// Already capped while parsing: keep its count.
-		var already int
-		fmt.Sscanf(last.Msg, "and %d more", &already)
-		more += already - 1
-	}
-	return append(s[:n:n], moreErrors(file, more, "in this file"))
 }
 
 // Register errors may show a value or a key only when it has the shape of
@@ -534,7 +515,7 @@ func valueShaped(s string) bool {
 }
 
 // redactErrors applies those rules to the errors of one register file.
-func redactErrors(l ErrorList) ErrorList {
+func redactErrors(l config.ErrorList) config.ErrorList {
 	for _, e := range l {
 		switch {
 		case e.Field == "":
@@ -564,50 +545,28 @@ func redactErrors(l ErrorList) ErrorList {
 }
 
 // parseYAMLPeer decodes a YAML register file with the config's decoder,
-// the file's top level standing for a WGPeer.
-func parseYAMLPeer(file string, data []byte, opts Options) (RegisterPeer, ErrorList) {
-	root, errs := readDocument(file, data)
-	if len(errs) > 0 {
-		return RegisterPeer{}, errs
+// the file's top level standing for a config.WGPeer.
+func parseYAMLPeer(file string, data []byte, opts config.Options) (Peer, config.ErrorList) {
+	peer, line, pf, errs := config.DecodePeerYAML(file, data, MaxFileErrors)
+	if errs != nil {
+		return Peer{}, errs
 	}
-	d := &decoder{file: file, pos: positions{}, bad: map[string]bool{}, budget: registerDecodeBudget, maxErrs: MaxFileErrors, redact: true}
-	var peer WGPeer
-	line := 0
-	if root != nil {
-		for root.Kind == yaml.AliasNode && root.Alias != nil {
-			root = root.Alias
-		}
-		line = root.Line
-		if root.Kind != yaml.MappingNode {
-			// Not the decoder's "expected a mapping, got ...": it quotes a
-			// scalar, and a file holding just a key is a likely mistake.
-			what := "a single value"
-			if root.Kind == yaml.SequenceNode {
-				what = "a list"
-			}
-			return RegisterPeer{}, ErrorList{{File: file, Line: line,
-				Msg: "expected a mapping of peer fields, like publicKey and allowedIPs; got " + what}}
-		}
-		d.pos[""] = line // where a missing field is reported
-		d.decode(root, reflect.ValueOf(&peer).Elem(), "")
-	}
-	return d.validator(opts).registerPeer(file, line, peer, "")
+	return registerPeer(pf, line, peer, "", opts)
 }
 
 // registerPeer validates the peer of a register file with the config's
 // own peer check and, if it passes, returns it with its lines.
-func (v *validator) registerPeer(file string, line int, peer WGPeer, psk Secret) (RegisterPeer, ErrorList) {
-	v.peer("", peer, newPeerSeen())
-	if errs := v.list(); len(errs) > 0 {
-		return RegisterPeer{}, errs
+func registerPeer(pf *config.PeerFile, line int, peer config.WGPeer, psk Secret, opts config.Options) (Peer, config.ErrorList) {
+	if errs := pf.Check(peer, opts); len(errs) > 0 {
+		return Peer{}, errs
 	}
 	if peer.Name == "" {
-		base := filepath.Base(file)
+		base := filepath.Base(pf.File)
 		peer.Name = strings.TrimSuffix(base, filepath.Ext(base))
 	}
-	p := RegisterPeer{File: file, Line: line, Peer: peer, PresharedKey: psk, KeyLine: v.line("publicKey")}
+	p := Peer{File: pf.File, Line: line, Peer: peer, PresharedKey: psk, KeyLine: pf.Lines.Line("publicKey")}
 	for i := range peer.AllowedIPs {
-		p.AllowedIPLines = append(p.AllowedIPLines, v.line(indexPath("allowedIPs", i)))
+		p.AllowedIPLines = append(p.AllowedIPLines, pf.Lines.Line(config.IndexPath("allowedIPs", i)))
 	}
 	return p, nil
 }
@@ -672,20 +631,31 @@ const (
 // Nothing here prints a value that may be secret: not PresharedKey, not a
 // line that does not parse, and an [Interface] section or PrivateKey ends
 // or skips the read without looking at the key.
-func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) (RegisterPeer, ErrorList) {
+func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts config.Options) (Peer, config.ErrorList) {
 	var (
-		errs     ErrorList
-		peer     WGPeer
+		errs     config.ErrorList
+		dropped  int
+		peer     config.WGPeer
 		psk      Secret
 		pskLine  int
 		peerLine int
 		section  string // "", "peer", or "?" for an unknown one
 		first    = map[string]int{}
-		pos      = positions{}
+		pos      = config.Lines{}
 		bad      = map[string]bool{}
 	)
 	errorf := func(line int, field, format string, args ...any) {
-		errs = append(errs, &FieldError{File: file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+		if len(errs) >= MaxFileErrors {
+			dropped++
+			return
+		}
+		errs = append(errs, &config.FieldError{File: file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	list := func() config.ErrorList {
+		if dropped > 0 {
+			return append(errs, config.MoreErrors(file, dropped, "in this file")).Sorted()
+		}
+		return errs.Sorted()
 	}
 	data = bytes.TrimPrefix(data, []byte("\uFEFF")) // a byte order mark from a Windows editor
 	for i, raw := range strings.Split(string(data), "\n") {
@@ -705,10 +675,10 @@ func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) 
 			case strings.EqualFold(name, "Interface"):
 				// Stop here: nothing after it is worth reading, and all
 				// of it is near a private key.
-				return RegisterPeer{}, ErrorList{{File: file, Line: ln, Field: "[Interface]", Msg: interfaceMsg}}
+				return Peer{}, config.ErrorList{{File: file, Line: ln, Field: "[Interface]", Msg: interfaceMsg}}
 			case strings.EqualFold(name, "Peer") && peerLine != 0:
 				errorf(ln, "[Peer]", "a second [Peer] stanza (the first is on line %d); a register file holds one peer, so give each its own file", peerLine)
-				return RegisterPeer{}, errs.sorted()
+				return Peer{}, list()
 			case strings.EqualFold(name, "Peer"):
 				peerLine, section = ln, "peer"
 			default:
@@ -733,7 +703,7 @@ func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) 
 			continue
 		case !known && isKeyName(key):
 			msg := "unknown key"
-			if sug := suggest(key, wgQuickKeyNames); sug != "" {
+			if sug := config.Suggest(key, wgQuickKeyNames); sug != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", sug)
 			}
 			errorf(ln, key, "%s", msg)
@@ -780,7 +750,7 @@ func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) 
 					errorf(ln, k.name, "empty entry in the list")
 					continue
 				}
-				pos[indexPath(k.path, len(peer.AllowedIPs))] = ln
+				pos[config.IndexPath(k.path, len(peer.AllowedIPs))] = ln
 				peer.AllowedIPs = append(peer.AllowedIPs, part)
 			}
 		case "PersistentKeepalive":
@@ -801,24 +771,24 @@ func parseWGQuickPeer(file string, data []byte, mode fs.FileMode, opts Options) 
 		if len(errs) == 0 {
 			errorf(0, "", "no [Peer] stanza; a register file holds one peer, as a [Peer] stanza or in YAML")
 		}
-		return RegisterPeer{}, errs.sorted()
+		return Peer{}, list()
 	}
 	if psk != "" && !opts.SkipFileChecks && mode.Perm()&0o077 != 0 {
 		errorf(pskLine, "PresharedKey", "this file holds a preshared key but is readable by group or others (mode %04o); chmod 600 it", mode.Perm())
 	}
 	pos[""] = peerLine
-	v := &validator{file: file, pos: pos, bad: bad, opts: opts, errs: errs, rename: wgQuickName, maxErrs: MaxFileErrors}
-	return v.registerPeer(file, peerLine, peer, psk)
+	pf := &config.PeerFile{File: file, Lines: pos, Bad: bad, Rename: wgQuickName, Errs: errs, MaxErrs: MaxFileErrors, Dropped: dropped}
+	return registerPeer(pf, peerLine, peer, psk, opts)
 }
 
-func (c *RegisterCache) clock() time.Time {
+func (c *Cache) clock() time.Time {
 	if c == nil || c.now == nil {
 		return time.Now()
 	}
 	return c.now()
 }
 
-func (c *RegisterCache) get(file string) (cachedPeerFile, bool) {
+func (c *Cache) get(file string) (cachedPeerFile, bool) {
 	if c == nil {
 		return cachedPeerFile{}, false
 	}
@@ -828,7 +798,7 @@ func (c *RegisterCache) get(file string) (cachedPeerFile, bool) {
 	return e, ok
 }
 
-func (c *RegisterCache) put(file string, e cachedPeerFile) {
+func (c *Cache) put(file string, e cachedPeerFile) {
 	if c == nil {
 		return
 	}
@@ -841,7 +811,7 @@ func (c *RegisterCache) put(file string, e cachedPeerFile) {
 }
 
 // keepOnly forgets the files of dir that are gone.
-func (c *RegisterCache) keepOnly(dir string, files []string) {
+func (c *Cache) keepOnly(dir string, files []string) {
 	if c == nil {
 		return
 	}
