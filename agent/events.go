@@ -27,12 +27,12 @@ type interest struct {
 	names map[string]bool
 }
 
-// watchNetlink sends "event" on kick for every rtnetlink notification about
+// watchNetlink sends trigEvent on kick for every rtnetlink notification about
 // an object nodeagent owns or the config names: a link of a named or
 // nodeagent-aliased link, an address with IFA_PROTO 147 or on a named link,
 // a route or rule with protocol 147. Foreign churn (pods coming and going)
 // does not wake the loop. It returns when ctx ends.
-func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[interest], kick func(string), log *slog.Logger) error {
+func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[interest], kick func(trigger), log *slog.Logger) error {
 	cur, err := netns.Get()
 	if err != nil {
 		return err
@@ -66,14 +66,14 @@ func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[intere
 				if lostEvents(err) {
 					// ENOBUFS: the kernel dropped notifications, any of
 					// which may have been about an owned object.
-					kick("resync")
+					kick(trigResync)
 					time.Sleep(overflowPause)
 				}
 				continue
 			}
 			for _, m := range msgs {
 				if relevant(m.Header.Type, m.Data, want.Load(), names) {
-					kick("event")
+					kick(trigEvent)
 					break
 				}
 			}
@@ -168,11 +168,11 @@ func relevant(typ uint16, data []byte, want *interest, names map[int32]string) b
 	return false
 }
 
-// watchNftables sends "event" on kick for every nftables notification about
+// watchNftables sends trigEvent on kick for every nftables notification about
 // a table named nodeagent*. Every nftables object message carries its
 // table's name as attribute 1 (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE,
 // NFTA_RULE_TABLE, NFTA_SET_TABLE, ...).
-func watchNftables(ctx context.Context, h *host.Host, kick func(string)) error {
+func watchNftables(ctx context.Context, h *host.Host, kick func(trigger)) error {
 	cfg := &netlink.Config{}
 	if h.NS().IsOpen() {
 		cfg.NetNS = int(h.NS())
@@ -193,7 +193,7 @@ func watchNftables(ctx context.Context, h *host.Host, kick func(string)) error {
 			msgs, err := c.Receive()
 			if err != nil {
 				if lostEvents(err) {
-					kick("resync")
+					kick(trigResync)
 					time.Sleep(overflowPause)
 				}
 				continue
@@ -214,7 +214,7 @@ func watchNftables(ctx context.Context, h *host.Host, kick func(string)) error {
 					}
 				}
 				if hit {
-					kick("event")
+					kick(trigEvent)
 					break
 				}
 			}
@@ -223,7 +223,7 @@ func watchNftables(ctx context.Context, h *host.Host, kick func(string)) error {
 	return nil
 }
 
-// watchFiles sends "config" on kick when the config file or a file in one
+// watchFiles sends trigConfig on kick when the config file or a file in one
 // of the peer directories changes. Directories are watched, not files:
 // editors and config management replace a file by renaming a new one over
 // it, which a watch on the old file would miss. set replaces the watched
@@ -234,7 +234,7 @@ type fileWatch struct {
 	dirs   atomic.Pointer[map[string]bool]
 }
 
-func watchFiles(ctx context.Context, config string, kick func(string), log *slog.Logger) (*fileWatch, error) {
+func watchFiles(ctx context.Context, config string, kick func(trigger), log *slog.Logger) (*fileWatch, error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
@@ -256,7 +256,7 @@ func watchFiles(ctx context.Context, config string, kick func(string), log *slog
 					continue
 				}
 				if filepath.Clean(ev.Name) == fw.config || (*fw.dirs.Load())[filepath.Dir(filepath.Clean(ev.Name))] || (*fw.dirs.Load())[filepath.Clean(ev.Name)] {
-					kick("config")
+					kick(trigConfig)
 				}
 			case err, ok := <-w.Errors:
 				if !ok {

@@ -249,7 +249,7 @@ func TestBadPeerFileStillReady(t *testing.T) {
 	// More syncs: the bad file is news once.
 	before := s.LastSync.Count
 	for range 3 {
-		r.d.kickNow("resync")
+		r.d.kickNow(trigResync)
 		time.Sleep(300 * time.Millisecond)
 	}
 	waitFor(t, "three more syncs", 10*time.Second, func() bool { return r.d.Status().LastSync.Count >= before+3 })

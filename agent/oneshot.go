@@ -170,33 +170,40 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 	}
 	cv := &netcfg.Converger{Host: h, Log: log}
 	defer cv.Close()
-	// A device that only the userspace implementation could run needs a
-	// long-running process to host it: refuse before changing anything
-	// rather than converge the rest without it.
-	if pre, _ := cv.Plan(ctx, d); len(pre.WG.NeedHost()) > 0 {
-		return fmt.Errorf("%s: wireguard %s: the kernel has no WireGuard, and the userspace implementation lives in nodeagent's own process, which apply --once is not; nothing applied", path, strings.Join(pre.WG.NeedHost(), ", "))
+	// Plan once; apply exactly that plan. A device that only the
+	// userspace implementation could run needs a long-running process to
+	// host it: refuse before changing anything rather than converge the
+	// rest without it.
+	p, _ := cv.Plan(ctx, d)
+	if len(p.WG.NeedHost()) > 0 {
+		return fmt.Errorf("%s: wireguard %s: the kernel has no WireGuard, and the userspace implementation lives in nodeagent's own process, which apply --once is not; nothing applied", path, strings.Join(p.WG.NeedHost(), ", "))
 	}
-	p, err := cv.Sync(ctx, d)
-	io.WriteString(w, p.String())
-	if f := p.Forwarding.String(); f != "" {
+	res := cv.Apply(ctx, p)
+	io.WriteString(w, res.Applied.String())
+	if f := res.Forwarding.String(); f != "" {
 		log.Error(f)
 	}
 	// The write counts make "a converged node is left alone" checkable
 	// from outside: a no-op apply logs zeros.
 	log.Info("sync done", "netlinkWrites", h.Writes(), "wireguardWrites", cv.WG().ConfigWrites())
-	pending, skipped, failed := netcfg.Split(err)
-	for _, e := range pending {
-		log.Warn("waiting", "object", e.Error())
-	}
-	// A skipped peer (a register file that does not parse) is reported,
-	// not a failure: its device and the other peers are converged.
-	for _, e := range skipped {
-		log.Warn("skipped", "object", e.Error())
+	var failed []error
+	for _, e := range res.Report {
+		switch {
+		case e.Pending():
+			log.Warn("waiting", "object", e.Err.Error())
+		case e.Skipped():
+			// A skipped peer (a register file that does not parse) is
+			// reported, not a failure: its device and the other peers
+			// are converged.
+			log.Warn("skipped", "object", e.Err.Error())
+		case e.Failed():
+			failed = append(failed, e.Err)
+		}
 	}
 	if len(failed) > 0 {
 		return errors.Join(failed...)
 	}
-	if p.Empty() {
+	if res.Applied.Empty() {
 		fmt.Fprintln(w, "no changes")
 	}
 	return nil

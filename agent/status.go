@@ -9,6 +9,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
 
@@ -40,63 +41,62 @@ func (d *Daemon) condition(typ string) *api.Condition {
 	return nil
 }
 
-// publish records the outcome of a sync in the status and the metrics.
-func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.Plans, pending, skipped, failed []error) {
+// subsystems are the subsystems, in the order status lists them.
+var subsystems = []string{plan.Nftables, plan.Links, plan.WireGuard, plan.Sysctls, plan.Routes}
+
+// publish records the outcome of a sync in the status and the metrics, all
+// of it read from the sync's report and the state it reached, and returns
+// the errors of what failed.
+func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []error {
 	dur := time.Since(start)
-	changes := func(s string) int {
-		n := 0
-		for _, l := range strings.Split(s, "\n") {
-			if l != "" && l[0] != '!' {
-				n++
-			}
-		}
-		return n
+	subs := make([]api.Subsystem, len(subsystems))
+	at := map[string]int{}
+	for i, name := range subsystems {
+		subs[i] = api.Subsystem{Name: name}
+		at[name] = i
 	}
-	subs := []api.Subsystem{
-		{Name: "nftables", Changes: changes(applied.Nft.String())},
-		{Name: "links", Changes: changes(applied.Link.String())},
-		{Name: "wireguard", Changes: changes(applied.WG.String())},
-		{Name: "sysctls", Changes: changes(applied.Sysctl.String())},
-		{Name: "routes", Changes: changes(applied.Route.String())},
-	}
+	failedObjs, pendingObjs, skippedObjs := []api.Object{}, []api.Object{}, []api.Object{}
+	var failed, skipped []error
 	var failedSubs []string
-	objs := func(errs []error) []api.Object {
-		out := []api.Object{}
-		for _, e := range errs {
-			sub := subsystemOf(e.Error())
-			out = append(out, api.Object{Subsystem: sub, Message: e.Error()})
-		}
-		return out
-	}
-	failedObjs := objs(failed)
-	for _, o := range failedObjs {
-		for i := range subs {
-			if subs[i].Name == o.Subsystem && subs[i].Error == "" {
-				subs[i].Error = o.Message
-				failedSubs = append(failedSubs, o.Subsystem)
-			}
-		}
-	}
 	total := 0
-	for _, s := range subs {
-		total += s.Changes
+	for _, e := range res.Report {
+		i, known := at[e.Subsystem]
+		if e.Writes() && known {
+			subs[i].Changes++
+			total++
+		}
+		switch {
+		case e.Failed():
+			failed = append(failed, e.Err)
+			failedObjs = append(failedObjs, api.Object{Subsystem: e.Subsystem, Message: e.Err.Error()})
+			if known && subs[i].Error == "" {
+				subs[i].Error = e.Err.Error()
+				failedSubs = append(failedSubs, e.Subsystem)
+			}
+		case e.Pending():
+			pendingObjs = append(pendingObjs, api.Object{Subsystem: e.Subsystem, Message: e.Err.Error()})
+		case e.Skipped():
+			skipped = append(skipped, e.Err)
+			skippedObjs = append(skippedObjs, api.Object{Subsystem: e.Subsystem, Message: e.Err.Error()})
+		}
 	}
 	// Drift is a change to the kernel that the running config did not
 	// ask for: what a sync woken by the kernel (or a resync) repairs, not
 	// what a new config, a changed peer file or the first sync brings in.
-	if (trigger == "event" || trigger == "resync") && d.hash == d.syncedHash && total > 0 {
-		d.log.Info("drift repaired", "trigger", trigger, "changes", total)
-		for kind, n := range applied.Repairs() {
+	if (why == trigEvent || why == trigResync) && d.hash == d.syncedHash && total > 0 {
+		d.log.Info("drift repaired", "trigger", why.String(), "changes", total)
+		for kind, n := range netcfg.Repairs(res.Report) {
 			d.metrics.DriftRepaired(kind, n)
 		}
 	}
 	d.syncedHash = d.hash
+	post := res.Post
 	d.metrics.SetKillSwitchDrops(post.Nft.Observed.KillSwitchDrops.Packets)
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
 	}
 	devs := wireGuardDevices(wg.States(post.WG))
-	d.metrics.SyncDone(trigger, dur, failedSubs)
+	d.metrics.SyncDone(why.String(), dur, failedSubs)
 	d.metrics.SetWireGuard(devs)
 	for _, dev := range devs {
 		healthy := dev.Implementation != "" && (len(dev.Peers) == 0 || dev.LivePeers > 0)
@@ -113,51 +113,53 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 		d.status.Node, _ = os.Hostname()
 	}
 	d.status.ConfigHash = d.hash
-	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: trigger, Changes: total, Count: count}
+	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: why.String(), Changes: total, Count: count}
 	d.status.Subsystems = subs
-	d.status.Pending = objs(pending)
+	d.status.Pending = pendingObjs
 	d.status.Failed = failedObjs
-	d.status.Skipped = objs(skipped)
+	d.status.Skipped = skippedObjs
 	d.status.WireGuard = devs
 	d.mu.Unlock()
 
-	if len(failed) > 0 {
+	switch {
+	case len(failed) > 0:
 		d.setCondition(api.CondConverged, api.False, "SyncFailed", fmt.Sprintf("%d object(s) failed; first: %s", len(failed), failed[0]))
-	} else if len(pending) > 0 {
-		d.setCondition(api.CondConverged, api.True, "Pending", fmt.Sprintf("%d object(s) wait for a device or parent", len(pending)))
-	} else {
+	case len(pendingObjs) > 0:
+		d.setCondition(api.CondConverged, api.True, "Pending", fmt.Sprintf("%d object(s) wait for a device or parent", len(pendingObjs)))
+	default:
 		d.setCondition(api.CondConverged, api.True, "Converged", "")
 	}
-	d.logSkipped(skipped)
+	d.logSkipped(skippedObjs)
 	switch {
 	case len(skipped) > 0:
 		d.setCondition(api.CondPeersConfigured, api.False, "Skipped", fmt.Sprintf("%d peer(s) skipped; first: %s", len(skipped), skipped[0]))
 	case len(d.desired.WG.Devices) > 0 || d.condition(api.CondPeersConfigured) != nil:
 		d.setCondition(api.CondPeersConfigured, api.True, "Configured", "")
 	}
-	fwd := applied.Forwarding
+	fwd := res.Forwarding
 	if f := fwd.String(); f != d.forwarding {
 		switch {
 		case len(fwd.Unprotected) > 0:
-			d.log.Error(f, "subsystem", "sysctls")
+			d.log.Error(f, "subsystem", plan.Sysctls)
 		case f != "":
-			d.log.Warn(f, "subsystem", "sysctls", "held", fwd.Held)
+			d.log.Warn(f, "subsystem", plan.Sysctls, "held", fwd.Held)
 		default:
-			d.log.Info("kill switch armed; forwarding follows the config", "subsystem", "sysctls")
+			d.log.Info("kill switch armed; forwarding follows the config", "subsystem", plan.Sysctls)
 		}
 		d.forwarding = f
 	}
 	d.metrics.SetForwardingUnprotected(len(fwd.Unprotected) > 0)
 	if len(d.desired.Nft.KillSwitch) > 0 {
+		notIn := strings.Join(post.Nft.Report().Lines(), "\n")
 		switch {
 		case post.Nft.Empty() && !fwd.KillSwitchDown:
 			d.setCondition(api.CondKillSwitchArmed, api.True, "Armed", "")
 		case len(fwd.Unprotected) > 0:
-			d.setCondition(api.CondKillSwitchArmed, api.False, "ForwardingUnprotected", fwd.String()+"; "+strings.TrimSpace(post.Nft.String()))
+			d.setCondition(api.CondKillSwitchArmed, api.False, "ForwardingUnprotected", fwd.String()+"; "+notIn)
 		case fwd.KillSwitchDown:
-			d.setCondition(api.CondKillSwitchArmed, api.False, "ForwardingHeld", fwd.String()+"; "+strings.TrimSpace(post.Nft.String()))
+			d.setCondition(api.CondKillSwitchArmed, api.False, "ForwardingHeld", fwd.String()+"; "+notIn)
 		default:
-			d.setCondition(api.CondKillSwitchArmed, api.False, "NotInKernel", strings.TrimSpace(post.Nft.String()))
+			d.setCondition(api.CondKillSwitchArmed, api.False, "NotInKernel", notIn)
 		}
 	}
 	switch {
@@ -170,18 +172,18 @@ func (d *Daemon) publish(trigger string, start time.Time, applied, post netcfg.P
 	}
 	d.refreshHealth()
 	d.labeler.Update(d.snapshot(start, post, devs))
+	return failed
 }
 
 // logSkipped logs each skipped entry once, when it first appears, and
 // says when all of them are gone: a bad peer file is not news on every
 // sync.
-func (d *Daemon) logSkipped(skipped []error) {
+func (d *Daemon) logSkipped(skipped []api.Object) {
 	now := make(map[string]bool, len(skipped))
-	for _, e := range skipped {
-		msg := e.Error()
-		now[msg] = true
-		if !d.skipped[msg] {
-			d.log.Warn("skipped", "subsystem", subsystemOf(msg), "object", msg)
+	for _, o := range skipped {
+		now[o.Message] = true
+		if !d.skipped[o.Message] {
+			d.log.Warn("skipped", "subsystem", o.Subsystem, "object", o.Message)
 		}
 	}
 	if len(now) == 0 && len(d.skipped) > 0 {
@@ -235,22 +237,6 @@ func (d *Daemon) refreshHealth() {
 	healthy := s.Ready && !s.Degraded
 	d.mu.Unlock()
 	d.metrics.SetReady(healthy)
-}
-
-// subsystemOf guesses the subsystem of an error from how each names its
-// objects.
-func subsystemOf(msg string) string {
-	switch {
-	case strings.HasPrefix(msg, "nft"):
-		return "nftables"
-	case strings.HasPrefix(msg, "wireguard"):
-		return "wireguard"
-	case strings.HasPrefix(msg, "link"), strings.HasPrefix(msg, "address"):
-		return "links"
-	case strings.HasPrefix(msg, "sysctl"):
-		return "sysctls"
-	}
-	return "routes"
 }
 
 // summary is the one-line STATUS= for systemd.

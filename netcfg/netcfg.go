@@ -1,8 +1,10 @@
-// Package netcfg turns a config into desired state and converges the node
-// to it, one subsystem at a time. Every subsystem has the same shape
-// (DESIGN.md §2): a Desired value, Observe, a pure MakePlan whose String is
-// the dry-run text, and an idempotent Apply that returns what it reached.
-// One failing subsystem does not stop the others.
+// Package netcfg turns a config into desired state (desired.go) and
+// converges the node to it, one subsystem at a time. Every subsystem has
+// the same shape (DESIGN.md §2): a Desired value, Observe from the sync's
+// snapshot, a pure MakePlan whose ops are typed, Execute that carries out
+// exactly those ops and reports each (plan.Entry), and Apply, which is
+// Execute and the state reached. One failing subsystem does not stop the
+// others.
 package netcfg
 
 import (
@@ -10,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/sysctl"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
@@ -64,27 +68,23 @@ func (c *Converger) Close() {
 // rules name interfaces, not links, so they need none to exist); then links
 // and WireGuard devices (routes and per-interface sysctls name them),
 // sysctls (forwarding before traffic is steered), and routes and rules.
+//
+// Plans are made once per sync, from one snapshot of the kernel, and Apply
+// carries out exactly them: routes and sysctls that name a link the same
+// sync creates are planned as changes, and find the link when they are
+// applied.
 type Plans struct {
 	Nft    nft.Plan
 	Link   link.Plan
 	WG     wg.Plan
 	Sysctl sysctl.Plan
 	Route  route.Plan
-	// Forwarding is set by a sync whose kill switch could not be armed.
-	Forwarding Forwarding
+	// Unobserved has one entry per subsystem that could not be read; that
+	// subsystem's plan is empty.
+	Unobserved plan.Report
 
-	nftObserved bool // nftables could be read (Plan); false: Nft says nothing
-}
-
-// String says what f means for the node, "" when the kill switch is armed.
-func (f Forwarding) String() string {
-	if !f.KillSwitchDown {
-		return ""
-	}
-	if len(f.Unprotected) > 0 {
-		return fmt.Sprintf("forwarding is on (%s) while the kill switch is not armed: forwarded traffic from the kill-switch sources is held back only by the policy rule's unreachable table", strings.Join(f.Unprotected, ", "))
-	}
-	return "forwarding is held off until the kill switch is armed"
+	snap        *host.Snapshot
+	nftObserved bool // nftables could be read; false: Nft says nothing
 }
 
 // Forwarding is what a sync did about packet forwarding while a configured
@@ -99,135 +99,248 @@ type Forwarding struct {
 	Held, Unprotected []string
 }
 
-// Empty reports whether no subsystem has anything to do.
+// String says what f means for the node, "" when the kill switch is armed.
+func (f Forwarding) String() string {
+	if !f.KillSwitchDown {
+		return ""
+	}
+	if len(f.Unprotected) > 0 {
+		return fmt.Sprintf("forwarding is on (%s) while the kill switch is not armed: forwarded traffic from the kill-switch sources is held back only by the policy rule's unreachable table", strings.Join(f.Unprotected, ", "))
+	}
+	return "forwarding is held off until the kill switch is armed"
+}
+
+// Empty reports whether no subsystem has anything to do or report.
 func (p Plans) Empty() bool {
-	return p.Nft.Empty() && p.Link.Empty() && p.WG.Empty() && p.Sysctl.Empty() && p.Route.Empty()
+	return p.Nft.Empty() && p.Link.Empty() && p.WG.Empty() && p.Sysctl.Empty() && p.Route.Empty() && len(p.Unobserved) == 0
+}
+
+// Report is the dry run: every subsystem's entries, in the order they are
+// applied (what could not be observed is in Unobserved). Ops that cannot
+// be applied carry why as their error.
+func (p Plans) Report() plan.Report {
+	var r plan.Report
+	r = append(r, p.Nft.Report()...)
+	r = append(r, p.Link.Report()...)
+	r = append(r, p.WG.Report()...)
+	r = append(r, p.Sysctl.Report()...)
+	return append(r, p.Route.Report()...)
 }
 
 // String is the dry-run text of every subsystem, one line per object.
-func (p Plans) String() string {
-	return p.Nft.String() + p.Link.String() + p.WG.String() + p.Sysctl.String() + p.Route.String()
+func (p Plans) String() string { return p.Report().String() }
+
+// Touches reports whether applying p changes links, routes, rules,
+// nftables or WireGuard devices: what safe apply guards.
+func (p Plans) Touches() bool {
+	return p.Nft.Report().Writes() || p.Link.Report().Writes() || p.Route.Report().Writes() || p.WG.Writes()
 }
 
-// Plan observes the kernel and returns what a sync would change. A
-// subsystem that cannot be observed is reported; the others are planned.
+// Plan observes the kernel once (one snapshot, shared by the subsystems
+// that read the same dumps) and returns what a sync would change. A
+// subsystem that cannot be observed is reported, in the error and in
+// Unobserved; the others are planned.
 func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
-	var p Plans
+	snap := c.Host.Snapshot()
+	p := Plans{snap: snap}
 	var errs []error
-	if o, err := nft.Observe(ctx, c.Host, d.Nft); err != nil {
-		errs = append(errs, fmt.Errorf("nftables: %w", err))
+	unobserved := func(sub string, err error) {
+		err = fmt.Errorf("%s: %w", sub, err)
+		errs = append(errs, err)
+		p.Unobserved = append(p.Unobserved, plan.Entry{Subsystem: sub, Kind: sub, Action: plan.NotApplied, Object: sub, Text: "! " + err.Error(), Err: err})
+	}
+	if o, err := nft.Observe(ctx, snap, d.Nft); err != nil {
+		unobserved(plan.Nftables, err)
 	} else {
 		p.Nft = nft.MakePlan(d.Nft, o)
 		p.nftObserved = true
 	}
-	if o, err := link.Observe(ctx, c.Host, d.Link); err != nil {
-		errs = append(errs, fmt.Errorf("links: %w", err))
+	if o, err := link.Observe(ctx, snap, d.Link); err != nil {
+		unobserved(plan.Links, err)
 	} else {
 		p.Link = link.MakePlan(d.Link, o)
 	}
-	if o, err := wg.Observe(ctx, c.WG(), d.WG); err != nil {
-		errs = append(errs, fmt.Errorf("wireguard: %w", err))
+	if o, err := wg.Observe(ctx, c.WG(), snap, d.WG); err != nil {
+		unobserved(plan.WireGuard, err)
 	} else {
 		p.WG = wg.MakePlan(d.WG, o)
 	}
-	if o, err := sysctl.Observe(ctx, c.Host, d.Sysctl); err != nil {
-		errs = append(errs, fmt.Errorf("sysctls: %w", err))
+	coming := p.coming()
+	if o, err := sysctl.Observe(ctx, snap, d.Sysctl); err != nil {
+		unobserved(plan.Sysctls, err)
 	} else {
+		o.Coming = coming
 		p.Sysctl = sysctl.MakePlan(d.Sysctl, o)
 	}
-	if o, err := route.Observe(ctx, c.Host, d.Route); err != nil {
-		errs = append(errs, fmt.Errorf("routes: %w", err))
+	if o, err := route.Observe(ctx, snap, d.Route); err != nil {
+		unobserved(plan.Routes, err)
 	} else {
+		o.Coming = coming
 		p.Route = route.MakePlan(d.Route, o)
 	}
 	return p, errors.Join(errs...)
 }
 
+// coming are the links and devices the link and WireGuard plans create.
+func (p Plans) coming() []string {
+	var out []string
+	for _, o := range p.Link.Ops {
+		if o.Kind == link.OpCreateLink {
+			out = append(out, o.Link)
+		}
+	}
+	for _, o := range p.WG.Ops {
+		if o.Kind == wg.OpCreateDevice {
+			out = append(out, o.Device)
+		}
+	}
+	return out
+}
+
 // PlanWG observes and plans the WireGuard subsystem alone: the kernel sends
 // no notification when a peer is changed by hand, so the daemon polls this.
 func (c *Converger) PlanWG(ctx context.Context, d Desired) (wg.Plan, error) {
-	o, err := wg.Observe(ctx, c.WG(), d.WG)
+	o, err := wg.Observe(ctx, c.WG(), c.Host.Snapshot(), d.WG)
 	if err != nil {
 		return wg.Plan{}, err
 	}
 	return wg.MakePlan(d.WG, o), nil
 }
 
-// Sync observes, plans and applies every subsystem once and returns the
-// plans it carried out. One failing subsystem does not stop the others: the
-// error joins one error per failed object. Objects that wait for another
-// (host.PendingError) are in the error too; Split tells them apart.
-func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
-	p, err := c.Plan(ctx, d)
-	errs := []error{err}
-	for _, sub := range []struct{ name, text string }{
-		{"nftables", p.Nft.String()}, {"links", p.Link.String()}, {"wireguard", p.WG.String()},
-		{"sysctls", p.Sysctl.String()}, {"routes", p.Route.String()},
-	} {
-		for _, line := range strings.Split(strings.TrimSpace(sub.text), "\n") {
-			switch {
-			case line == "":
-			case line[0] == '!':
-				// Reported by the caller (status, the exit code); logged
-				// at every sync it would drown the changes.
-				c.log().Debug("not applied", "subsystem", sub.name, "op", line)
-			default:
-				c.log().Info("change", "subsystem", sub.name, "op", line)
-			}
+// Result is what Apply did: the report of every op, and the desired state
+// planned against the state reached (empty when the sync converged; its
+// Observed fields are the post state).
+type Result struct {
+	Report plan.Report
+	// Applied is what was carried out: p, with forwarding held where the
+	// kill switch was down.
+	Applied    Plans
+	Post       Plans
+	Forwarding Forwarding
+}
+
+// Apply carries out exactly p, subsystem by subsystem, and returns what
+// became of every op and the state reached. One failing subsystem does not
+// stop the others. The state reached is read once, from one snapshot taken
+// after every write (each kind of kernel dump at most once more), for the
+// subsystems that wrote; the others' is what p was planned from.
+//
+// The one change Apply makes to p: while a configured kill switch could not
+// be armed (nftables could not be read, or its transaction failed), sysctl
+// ops that would turn forwarding on are held, reported as failed with why.
+func (c *Converger) Apply(ctx context.Context, p Plans) Result {
+	snap := p.snap
+	if snap == nil {
+		snap = c.Host.Snapshot()
+	}
+	var res Result
+	res.Report = append(res.Report, p.Unobserved...)
+	wrote := map[string]bool{}
+	run := func(sub string, r plan.Report) plan.Report {
+		if r.Writes() {
+			wrote[sub] = true
 		}
+		res.Report = append(res.Report, r...)
+		return r
 	}
-	armed := p.nftObserved
-	if !p.Nft.Empty() {
-		_, err := nft.Apply(ctx, c.Host, p.Nft)
-		errs = append(errs, err)
-		armed = armed && err == nil
-	}
-	if !p.Link.Empty() {
-		_, err := link.Apply(ctx, c.Host, p.Link)
-		errs = append(errs, err)
-	}
-	if !p.WG.Empty() {
-		_, err := wg.Apply(ctx, c.WG(), p.WG)
-		errs = append(errs, err)
-	}
-	// Sysctls and routes are planned against the links observed before
-	// this sync, so what names a link or device this sync creates is
-	// re-planned after them.
-	if !p.Link.Empty() || p.WG.Writes() {
-		if o, err := sysctl.Observe(ctx, c.Host, d.Sysctl); err != nil {
-			errs = append(errs, fmt.Errorf("sysctls: %w", err))
-			p.Sysctl = sysctl.Plan{}
-		} else {
-			p.Sysctl = sysctl.MakePlan(d.Sysctl, o)
-		}
-		if o, err := route.Observe(ctx, c.Host, d.Route); err != nil {
-			errs = append(errs, fmt.Errorf("routes: %w", err))
-			p.Route = route.Plan{}
-		} else {
-			p.Route = route.MakePlan(d.Route, o)
-		}
-	}
-	if len(d.Nft.KillSwitch) > 0 && !armed {
+	rn := run(plan.Nftables, nft.Execute(ctx, snap, p.Nft))
+	armed := p.nftObserved && !slices.ContainsFunc(rn, plan.Entry.Failed)
+	run(plan.Links, link.Execute(ctx, snap, p.Link))
+	run(plan.WireGuard, wg.Execute(ctx, c.WG(), snap, p.WG))
+	sp := p.Sysctl
+	if len(p.Nft.Desired.KillSwitch) > 0 && !armed {
 		// The policy rule and the kill-switch table's unreachable default
 		// are applied as usual (they are the other layer); forwarding is
 		// not turned on while nftables cannot hold the traffic back.
-		p.Forwarding.KillSwitchDown = true
-		p.Sysctl, p.Forwarding.Held = p.Sysctl.HoldForwarding("the kill switch is not armed (nftables failed), so forwarding stays off until it is")
-		on, err := sysctl.ForwardingOn(ctx, c.Host, d.Sysctl)
+		res.Forwarding.KillSwitchDown = true
+		sp, res.Forwarding.Held = sp.HoldForwarding("the kill switch is not armed (nftables failed), so forwarding stays off until it is")
+		on, err := sysctl.ForwardingOn(ctx, snap, sp.Desired)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("sysctls: %w", err))
+			res.Report = append(res.Report, plan.Entry{Subsystem: plan.Sysctls, Kind: plan.KindSysctl, Action: plan.NotApplied,
+				Object: "sysctls", Text: "! sysctls: " + err.Error(), Err: fmt.Errorf("sysctls: %w", err)})
 		}
-		p.Forwarding.Unprotected = on
+		res.Forwarding.Unprotected = on
 	}
-	if !p.Sysctl.Empty() {
-		_, err := sysctl.Apply(ctx, c.Host, p.Sysctl)
-		errs = append(errs, err)
+	run(plan.Sysctls, sysctl.Execute(ctx, snap, sp))
+	run(plan.Routes, route.Execute(ctx, snap, p.Route))
+	res.Applied = p
+	res.Applied.Sysctl = sp
+	res.Post = c.after(ctx, p, snap.After(), wrote, &res.Report)
+	c.logReport(res.Report)
+	return res
+}
+
+// after plans the desired state against the state reached: subsystems
+// that wrote are observed again, from one snapshot; the others' state is
+// what p was planned from.
+func (c *Converger) after(ctx context.Context, p Plans, snap *host.Snapshot, wrote map[string]bool, r *plan.Report) Plans {
+	post := Plans{snap: snap, nftObserved: p.nftObserved}
+	fail := func(sub string, err error) {
+		err = fmt.Errorf("%s: observe after apply: %w", sub, err)
+		*r = append(*r, plan.Entry{Subsystem: sub, Kind: sub, Action: plan.NotApplied, Object: sub, Text: "! " + err.Error(), Err: err})
 	}
-	if !p.Route.Empty() {
-		_, err := route.Apply(ctx, c.Host, p.Route)
-		errs = append(errs, err)
+	no, lo, wo, so, ro := p.Nft.Observed, p.Link.Observed, p.WG.Observed, p.Sysctl.Observed, p.Route.Observed
+	var err error
+	if wrote[plan.Nftables] {
+		if no, err = nft.Observe(ctx, snap, p.Nft.Desired); err != nil {
+			fail(plan.Nftables, err)
+			no = p.Nft.Observed
+		}
 	}
-	return p, errors.Join(errs...)
+	if wrote[plan.Links] || wrote[plan.WireGuard] {
+		if lo, err = link.Observe(ctx, snap, p.Link.Desired); err != nil {
+			fail(plan.Links, err)
+			lo = p.Link.Observed
+		}
+		if wo, err = wg.Observe(ctx, c.WG(), snap, p.WG.Desired); err != nil {
+			fail(plan.WireGuard, err)
+			wo = p.WG.Observed
+		}
+	}
+	// Sysctls and routes depend on the links too (keys of new interfaces,
+	// routes on new devices).
+	if wrote[plan.Sysctls] || wrote[plan.Links] || wrote[plan.WireGuard] {
+		if so, err = sysctl.Observe(ctx, snap, p.Sysctl.Desired); err != nil {
+			fail(plan.Sysctls, err)
+			so = p.Sysctl.Observed
+		}
+	}
+	if wrote[plan.Routes] || wrote[plan.Links] || wrote[plan.WireGuard] {
+		if ro, err = route.Observe(ctx, snap, p.Route.Desired); err != nil {
+			fail(plan.Routes, err)
+			ro = p.Route.Observed
+		}
+	}
+	so.Coming, ro.Coming = nil, nil
+	post.Nft = nft.MakePlan(p.Nft.Desired, no)
+	post.Link = link.MakePlan(p.Link.Desired, lo)
+	post.WG = wg.MakePlan(p.WG.Desired, wo)
+	post.Sysctl = sysctl.MakePlan(p.Sysctl.Desired, so)
+	post.Route = route.MakePlan(p.Route.Desired, ro)
+	return post
+}
+
+// Sync plans and applies once, for the one-shot commands and tests, and
+// returns the plans it carried out and every op's error joined (Split
+// tells pending and skipped objects from failures).
+func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
+	// Every subsystem that could not be observed is in the report too.
+	p, _ := c.Plan(ctx, d)
+	res := c.Apply(ctx, p)
+	return res.Applied, res.Report.Err()
+}
+
+// logReport logs the changes of a report, one line per change, at info;
+// what was not applied goes at debug (the caller reports it: status, the
+// exit code), since logged at every sync it would drown the changes.
+func (c *Converger) logReport(r plan.Report) {
+	for _, e := range r {
+		if e.Writes() {
+			c.log().Info("change", "subsystem", e.Subsystem, "op", e.Text)
+		} else {
+			c.log().Debug("not applied", "subsystem", e.Subsystem, "op", e.Text)
+		}
+	}
 }
 
 // Teardown removes everything nodeagent owns, in the reverse order of
@@ -246,21 +359,24 @@ func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, err
 		// take the kill switch away before what it protects.
 		return p, fmt.Errorf("teardown stopped before changing anything: %w", err)
 	}
+	snap := p.snap
 	steps := []struct {
 		name  string
 		empty bool
-		apply func() error
+		apply func() plan.Report
 	}{
-		{"routes", p.Route.Empty(), func() error { _, err := route.Apply(ctx, c.Host, p.Route); return err }},
-		{"wireguard", p.WG.Empty(), func() error { _, err := wg.Apply(ctx, c.WG(), p.WG); return err }},
-		{"links", p.Link.Empty(), func() error { _, err := link.Apply(ctx, c.Host, p.Link); return err }},
-		{"nftables", p.Nft.Empty(), func() error { _, err := nft.Apply(ctx, c.Host, p.Nft); return err }},
+		{plan.Routes, p.Route.Empty(), func() plan.Report { return route.Execute(ctx, snap, p.Route) }},
+		{plan.WireGuard, p.WG.Empty(), func() plan.Report { return wg.Execute(ctx, c.WG(), snap, p.WG) }},
+		{plan.Links, p.Link.Empty(), func() plan.Report { return link.Execute(ctx, snap, p.Link) }},
+		{plan.Nftables, p.Nft.Empty(), func() plan.Report { return nft.Execute(ctx, snap, p.Nft) }},
 	}
 	for i, st := range steps {
 		if st.empty {
 			continue
 		}
-		if err := st.apply(); err != nil {
+		r := st.apply()
+		c.logReport(r)
+		if err := r.Err(); err != nil {
 			var left []string
 			for _, later := range steps[i+1:] {
 				if !later.empty {
@@ -314,68 +430,20 @@ func (c *Converger) log() *slog.Logger {
 	return c.Log
 }
 
-// Kinds of object a plan changes, as Repairs counts them (the metrics'
-// drift kinds).
-const (
-	KindLink          = "link"
-	KindAddress       = "address"
-	KindRoute         = "route"
-	KindRule          = "rule"
-	KindNftables      = "nftables"
-	KindWireGuardPeer = "wireguard_peer"
-	KindSysctl        = "sysctl"
-)
-
-// Repairs counts the objects p changes, by kind: a link recreated (deleted
-// and created) is one link, a WireGuard device is a link, and nodeagent's
-// nftables table is one object however many of its rules and sets changed
-// (it is written in one transaction). Ops that only report are not
-// counted.
-func (p Plans) Repairs() map[string]int {
+// Repairs counts the objects r changed, by kind: a link recreated (deleted
+// and created) is one link, and nodeagent's nftables table is one object
+// however many of its lines changed (it is written in one transaction).
+// Entries that only report are not counted, nor the rt_tables.d file.
+func Repairs(r plan.Report) map[string]int {
 	seen := map[string]map[string]bool{}
-	add := func(kind, object string) {
-		if seen[kind] == nil {
-			seen[kind] = map[string]bool{}
+	for _, e := range r {
+		if !e.Writes() || e.Kind == plan.KindFile {
+			continue
 		}
-		seen[kind][object] = true
-	}
-	for _, o := range p.Link.Ops {
-		switch o.Kind {
-		case link.OpAddAddr, link.OpDelAddr:
-			add(KindAddress, o.Link+" "+o.Addr.String())
-		case link.OpPending, link.OpConflict:
-		default:
-			add(KindLink, o.Link)
+		if seen[e.Kind] == nil {
+			seen[e.Kind] = map[string]bool{}
 		}
-	}
-	for _, o := range p.WG.Ops {
-		switch o.Kind {
-		case wg.OpFail:
-		case wg.OpAddAddr, wg.OpDelAddr:
-			add(KindAddress, o.Device+" "+o.Addr.String())
-		case wg.OpAddPeer, wg.OpRemovePeer, wg.OpUpdatePeer:
-			add(KindWireGuardPeer, o.Device+" "+o.PeerID.String())
-		default:
-			add(KindLink, o.Device)
-		}
-	}
-	for _, o := range p.Route.Ops {
-		switch o.Kind {
-		case route.OpAddRoute, route.OpReplaceRoute, route.OpDelRoute:
-			add(KindRoute, o.Object())
-		case route.OpAddRule, route.OpDelRule:
-			add(KindRule, o.Object())
-		}
-	}
-	for _, o := range p.Nft.Ops {
-		if o.Kind != nft.OpConflict {
-			add(KindNftables, fmt.Sprint(o.Family, " ", o.Table))
-		}
-	}
-	for _, o := range p.Sysctl.Ops {
-		if o.Kind == sysctl.OpSet {
-			add(KindSysctl, o.Key)
-		}
+		seen[e.Kind][e.Object] = true
 	}
 	out := make(map[string]int, len(seen))
 	for k, objs := range seen {

@@ -31,6 +31,7 @@ func (a Addr) Owned() bool { return a.Proto == Proto }
 func (h *Host) AddrList() ([]Addr, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
 	req.AddData(nl.NewIfAddrmsg(unix.AF_UNSPEC))
+	h.Dumped(DumpAddresses)
 	out, err := dump(h, req, unix.RTM_NEWADDR, parseAddr)
 	if err != nil {
 		return nil, fmt.Errorf("dump addresses: %w", err)

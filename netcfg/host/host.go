@@ -36,6 +36,7 @@ type Host struct {
 	nl     *netlink.Handle
 	route  *nl.SocketHandle // raw rtnetlink socket for messages vishvananda cannot build
 	writes atomic.Int64
+	dumps  dumps
 	// AddrProto reports whether the kernel keeps IFA_PROTO on addresses
 	// (Linux 6.1 and later).
 	AddrProto bool

@@ -30,9 +30,12 @@ type LinkSpec struct {
 }
 
 // LinkCreate creates a link in one RTM_NEWLINK message, with
-// CreatingGroup as its in-flight mark.
-func (h *Host) LinkCreate(s LinkSpec) error {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+// CreatingGroup as its in-flight mark. It returns the new link as the
+// kernel echoes it (NLM_F_ECHO, Linux 6.1 and later: its index and
+// hardware address, without a lookup); the zero Link when the kernel
+// echoes nothing.
+func (h *Host) LinkCreate(s LinkSpec) (Link, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(s.Index)
 	if s.Up {
@@ -58,10 +61,24 @@ func (h *Host) LinkCreate(s LinkSpec) error {
 		data.AddRtAttr(nl.IFLA_MACVLAN_MODE, nl.Uint32Attr(s.MacvlanMode))
 	case "wireguard": // configured through wgctrl, not link attributes
 	default:
-		return fmt.Errorf("unknown link kind %q", s.Kind)
+		return Link{}, fmt.Errorf("unknown link kind %q", s.Kind)
 	}
 	req.AddData(info)
-	return h.exec(req)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
+	h.Wrote(1)
+	// The echo comes first and ends the read; the acknowledgement after it
+	// is passed over by the next request on the socket (its sequence
+	// number is this one's). A kernel that does not echo sends only the
+	// acknowledgement.
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	if err != nil || len(msgs) == 0 {
+		return Link{}, err
+	}
+	l, err := parseLink(msgs[0])
+	if err != nil || l.Name != s.Name {
+		return Link{}, nil
+	}
+	return l, nil
 }
 
 // LinkMark stamps the link with nodeagent's alias and clears the in-flight

@@ -35,6 +35,7 @@ func (h *Host) LinkList() ([]Link, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_DUMP)
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
 	req.AddData(nl.NewRtAttr(unix.IFLA_EXT_MASK, nl.Uint32Attr(rtextFilterSkipStats)))
+	h.Dumped(DumpLinks)
 	out, err := dump(h, req, unix.RTM_NEWLINK, parseLink)
 	if err != nil {
 		return nil, fmt.Errorf("dump links: %w", err)

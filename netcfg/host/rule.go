@@ -16,6 +16,7 @@ import (
 func (h *Host) RuleList() ([]netlink.Rule, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETRULE, unix.NLM_F_DUMP)
 	req.AddData(nl.NewRtMsg()) // family AF_UNSPEC: both
+	h.Dumped(DumpRules)
 	out, err := dump(h, req, unix.RTM_NEWRULE, parseRule)
 	if err != nil {
 		return nil, fmt.Errorf("dump rules: %w", err)

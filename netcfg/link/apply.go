@@ -10,30 +10,50 @@ import (
 
 	"github.com/nodeagent/nodeagent/netcfg/arp"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// Apply executes p and returns the state it reached. Ops run in plan order;
-// an op that fails is reported by its object and does not stop the others,
-// except the ops on a link whose creation failed, which are skipped with
-// that reason. The returned error joins every failure.
-func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
-	if p.Empty() {
-		return p.Observed, nil
+// Apply executes p (Execute) and returns the state it reached, read from
+// the snapshot after the sync's writes, with the report of every op.
+func Apply(ctx context.Context, s *host.Snapshot, p Plan) (Observed, plan.Report) {
+	r := Execute(ctx, s, p)
+	if !r.Writes() {
+		return p.Observed, r
 	}
-	var errs []error
-	fail := func(o Op, err error) { errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err)) }
+	o, err := Observe(ctx, s.After(), p.Desired)
+	if err != nil {
+		return p.Observed, append(r, plan.Entry{Subsystem: plan.Links, Kind: plan.KindLink, Action: plan.NotApplied,
+			Object: "links", Text: "! links: observe after apply: " + err.Error(), Err: fmt.Errorf("links: %w", err)})
+	}
+	return o, r
+}
+
+// Execute carries out exactly p's ops, in plan order, and reports each: an
+// op that fails is reported by its object and does not stop the others,
+// except the ops on a link whose creation failed, which are skipped with
+// that reason. Links it creates and deletes are recorded in s, so that the
+// subsystems after it (routes, sysctls) find them by name.
+func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
+	r := p.Report()
+	if !r.Writes() {
+		return r
+	}
+	h := s.Host()
+	fail := func(i int, err error) { r[i].Err = fmt.Errorf("%s: %w", p.Ops[i].Object(), err) }
 	broken := map[string]error{}
 	index := map[string]int{}
+	mac := map[string]net.HardwareAddr{}
 	for name, ol := range p.Observed.Links {
 		index[name] = ol.Index
+		mac[name] = p.Observed.MACs[ol.Index]
 	}
-	var addrOps []Op
+	var addrOps []int
 	nextIndex := p.Observed.MaxIndex + 1
-	for _, o := range p.Ops {
+	for i, o := range p.Ops {
 		if err := broken[o.Link]; err != nil && o.Kind != OpDeleteLink {
-			fail(o, fmt.Errorf("skipped: %w", err))
+			fail(i, fmt.Errorf("skipped: %w", err))
 			continue
 		}
 		var err error
@@ -41,14 +61,16 @@ func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 		case OpDeleteLink:
 			err = deleteLink(h, o.Old.Index)
 			delete(index, o.Link)
+			s.Deleted(o.Link)
 		case OpCreateLink:
-			var idx int
-			idx, err = createLink(h, o.Desired, index, nextIndex)
-			nextIndex = max(nextIndex, idx) + 1
+			var l host.Link
+			l, err = createLink(h, o.Desired, index, nextIndex)
+			nextIndex = max(nextIndex, l.Index) + 1
 			if err != nil {
 				broken[o.Link] = err
 			} else {
-				index[o.Link] = idx
+				index[o.Link], mac[o.Link] = l.Index, l.HardwareAddr
+				s.Created(o.Link, l.Index)
 			}
 		case OpAdoptLink:
 			if err = h.LinkMark(o.Old.Index); err != nil {
@@ -67,22 +89,14 @@ func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 		case OpDelAddr:
 			err = h.AddrDel(index[o.Link], o.Addr)
 		case OpAddAddr:
-			addrOps = append(addrOps, o)
-		case OpConflict:
-			err = errors.New(o.Reason)
-		case OpPending:
-			err = &host.PendingError{Reason: o.Reason}
+			addrOps = append(addrOps, i)
 		}
 		if err != nil {
-			fail(o, err)
+			fail(i, err)
 		}
 	}
-	errs = append(errs, addAddrs(ctx, h, p.Desired, addrOps, index)...)
-	obs, err := Observe(ctx, h, p.Desired)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	return obs, errors.Join(errs...)
+	addAddrs(ctx, h, p, addrOps, index, mac, r)
+	return r
 }
 
 func device(index int) *netlink.Device {
@@ -100,13 +114,15 @@ func deleteLink(h *host.Host, index int) error {
 }
 
 // createLink creates l, asking for ifindex want, and marks it: two
-// messages (see host.CreatingGroup). It returns the new link's index.
-func createLink(h *host.Host, l Link, index map[string]int, want int) (int, error) {
+// messages (see host.CreatingGroup). It returns the new link's index and
+// hardware address (from the kernel's echo, or a lookup of that one link
+// where the kernel echoes nothing).
+func createLink(h *host.Host, l Link, index map[string]int, want int) (host.Link, error) {
 	pidx, ok := index[l.Parent]
 	if !ok {
 		p, err := h.NL().LinkByName(l.Parent)
 		if err != nil {
-			return 0, fmt.Errorf("parent %s: %w", l.Parent, err)
+			return host.Link{}, fmt.Errorf("parent %s: %w", l.Parent, err)
 		}
 		pidx = p.Attrs().Index
 	}
@@ -114,76 +130,73 @@ func createLink(h *host.Host, l Link, index map[string]int, want int) (int, erro
 		Name: l.Name, Kind: string(l.Kind), ParentIndex: pidx, Index: want,
 		MTU: l.MTU, Up: l.Up, VLANID: l.VLANID, MacvlanMode: kernelMode(l.Mode),
 	}
-	err := h.LinkCreate(spec)
+	made, err := h.LinkCreate(spec)
 	if errors.Is(err, unix.EEXIST) {
 		// Someone took that ifindex meanwhile (or the name exists): let the
 		// kernel choose, and look the index up.
 		spec.Index = 0
-		err = h.LinkCreate(spec)
+		made, err = h.LinkCreate(spec)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("create %s: %w", describe(l), err)
+		return host.Link{}, fmt.Errorf("create %s: %w", describe(l), err)
 	}
-	idx := want
-	if spec.Index == 0 {
+	if made.Index == 0 {
 		nl, err := h.NL().LinkByName(l.Name)
 		if err != nil {
-			return 0, fmt.Errorf("find created link: %w", err)
+			return host.Link{}, fmt.Errorf("find created link: %w", err)
 		}
-		idx = nl.Attrs().Index
+		made = host.Link{Index: nl.Attrs().Index, Name: l.Name, HardwareAddr: nl.Attrs().HardwareAddr}
 	}
-	if err := h.LinkMark(idx); err != nil {
+	if err := h.LinkMark(made.Index); err != nil {
 		// Left with its in-flight group: the next sync marks it.
-		return 0, fmt.Errorf("mark: %w", err)
+		return host.Link{}, fmt.Errorf("mark: %w", err)
 	}
-	return idx, nil
+	return made, nil
 }
 
-// addAddrs adds addresses after duplicate-address detection. The ARP
-// sockets for every link are opened in one pass and the links are probed in
-// parallel, so 1000 links cost one probe wait, not 1000; the same sockets
-// then send the announcements.
-func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[string]int) []error {
-	if len(ops) == 0 {
-		return nil
+// addAddrs adds the addresses of the ops at ids (indexes into p.Ops)
+// after duplicate-address detection, recording each op's error in r. The
+// ARP sockets for every link are opened in one pass and the links are
+// probed in parallel, so 1000 links cost one probe wait, not 1000; the same
+// sockets then send the announcements.
+func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[string]int, mac map[string]net.HardwareAddr, r plan.Report) {
+	if len(ids) == 0 {
+		return
 	}
+	d := p.Desired
 	up := map[string]bool{}
 	for _, l := range d.Links {
 		up[l.Name] = l.Up
 	}
 	byLink := map[string][]netip.Prefix{}
 	var order []string
-	for _, o := range ops {
+	for _, i := range ids {
+		o := p.Ops[i]
 		if _, ok := byLink[o.Link]; !ok {
 			order = append(order, o.Link)
 		}
 		byLink[o.Link] = append(byLink[o.Link], o.Addr)
 	}
+	failAll := func(err error) {
+		for _, i := range ids {
+			r[i].Err = fmt.Errorf("%s: %w", p.Ops[i].Object(), err)
+		}
+	}
 
 	// A link that is down cannot probe; its addresses are added unprobed.
-	var errs []error
 	conns := map[string]*arp.Conn{}
 	if d.DAD != nil {
-		// One dump for the MACs of the links just created, not one lookup
-		// per link.
-		links, err := h.LinkList()
-		if err != nil {
-			return append(errs, fmt.Errorf("duplicate-address detection: %w; no address added", err))
-		}
-		mac := map[int]net.HardwareAddr{}
-		for _, l := range links {
-			mac[l.Index] = l.HardwareAddr
-		}
 		var ifis []*net.Interface
 		for _, link := range order {
 			if !up[link] || len(v4(byLink[link])) == 0 {
 				continue
 			}
-			ifis = append(ifis, &net.Interface{Index: index[link], Name: link, HardwareAddr: mac[index[link]]})
+			ifis = append(ifis, &net.Interface{Index: index[link], Name: link, HardwareAddr: mac[link]})
 		}
 		cs, err := arp.Open(h, ifis)
 		if err != nil {
-			return append(errs, fmt.Errorf("duplicate-address detection: %w; no address added", err))
+			failAll(fmt.Errorf("duplicate-address detection: %w; not added", err))
+			return
 		}
 		for i, c := range cs {
 			conns[ifis[i].Name] = c
@@ -198,27 +211,29 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 	results := make(map[string]*result, len(order))
 	var wg sync.WaitGroup
 	for _, link := range order {
-		r := &result{}
-		results[link] = r
+		res := &result{}
+		results[link] = res
 		if c := conns[link]; c != nil {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r.taken, r.err = c.Probe(ctx, v4(byLink[link]), *d.DAD)
+				res.taken, res.err = c.Probe(ctx, v4(byLink[link]), *d.DAD)
 			}()
 		}
 	}
 	wg.Wait()
 
 	added := map[string][]netip.Addr{}
-	for _, o := range ops {
-		r := results[o.Link]
-		if r.err != nil {
-			errs = append(errs, fmt.Errorf("%s: duplicate-address detection: %w", o.Object(), r.err))
+	addedOp := map[string][]int{}
+	for _, i := range ids {
+		o := p.Ops[i]
+		res := results[o.Link]
+		if res.err != nil {
+			r[i].Err = fmt.Errorf("%s: duplicate-address detection: %w", o.Object(), res.err)
 			continue
 		}
-		if mac, ok := r.taken[o.Addr.Addr()]; ok {
-			errs = append(errs, fmt.Errorf("%s: not added: %w", o.Object(), &arp.ConflictError{Link: o.Link, IP: o.Addr.Addr(), MAC: mac}))
+		if m, ok := res.taken[o.Addr.Addr()]; ok {
+			r[i].Err = fmt.Errorf("%s: not added: %w", o.Object(), &arp.ConflictError{Link: o.Link, IP: o.Addr.Addr(), MAC: m})
 			continue
 		}
 		err := h.AddrAdd(index[o.Link], o.Addr)
@@ -226,11 +241,12 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 			err = nil
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err))
+			r[i].Err = fmt.Errorf("%s: %w", o.Object(), err)
 			continue
 		}
 		if o.Addr.Addr().Is4() {
 			added[o.Link] = append(added[o.Link], o.Addr.Addr())
+			addedOp[o.Link] = append(addedOp[o.Link], i)
 		}
 	}
 	var mu sync.Mutex
@@ -244,11 +260,12 @@ func addAddrs(ctx context.Context, h *host.Host, d Desired, ops []Op, index map[
 			defer wg.Done()
 			if err := c.Announce(ctx, ips, *d.DAD); err != nil {
 				mu.Lock()
-				errs = append(errs, err)
+				for _, i := range addedOp[link] {
+					r[i].Err = fmt.Errorf("%s: announce: %w", p.Ops[i].Object(), err)
+				}
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	return errs
 }

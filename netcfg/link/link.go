@@ -11,11 +11,14 @@ package link
 
 import (
 	"fmt"
-	"github.com/nodeagent/nodeagent/netcfg/arp"
-	"github.com/nodeagent/nodeagent/netcfg/plan"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/nodeagent/nodeagent/netcfg/arp"
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 )
 
 // Kind is a link type this subsystem manages.
@@ -80,6 +83,9 @@ type Observed struct {
 	// MaxIndex is the highest ifindex in the namespace; new links ask for
 	// the ones above it.
 	MaxIndex int
+	// MACs are the hardware addresses of the observed links, by index,
+	// for duplicate-address detection.
+	MACs map[int]net.HardwareAddr
 }
 
 // Action is the first column of a plan line.
@@ -130,6 +136,32 @@ func (o Op) Action() Action {
 		return Fail
 	}
 	return Change
+}
+
+// Entry is the op as a line of the sync's report.
+func (o Op) Entry() plan.Entry {
+	kind := plan.KindLink
+	if o.Kind == OpAddAddr || o.Kind == OpDelAddr {
+		kind = plan.KindAddress
+	}
+	e := plan.Entry{Subsystem: plan.Links, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String()}
+	switch o.Kind {
+	case OpConflict:
+		e.Err = fmt.Errorf("%s: %s", o.Object(), o.Reason)
+	case OpPending:
+		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason})
+	}
+	return e
+}
+
+// Report is the plan as report entries, one per op; ops that cannot be
+// applied carry their reason as the error.
+func (p Plan) Report() plan.Report {
+	r := make(plan.Report, len(p.Ops))
+	for i, o := range p.Ops {
+		r[i] = o.Entry()
+	}
+	return r
 }
 
 // Object names the kernel object the op is about, for errors and status.

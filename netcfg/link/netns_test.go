@@ -23,12 +23,13 @@ var fastDAD = &arp.Config{Probes: 2, Interval: 20 * time.Millisecond, Wait: 150 
 func syncOnce(t *testing.T, h *host.Host, d Desired) (Plan, error) {
 	t.Helper()
 	ctx := context.Background()
-	o, err := Observe(ctx, h, d)
+	o, err := Observe(ctx, h.Snapshot(), d)
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}
 	p := MakePlan(d, o)
-	_, err = Apply(ctx, h, p)
+	_, rep := Apply(ctx, h.Snapshot(), p)
+	err = rep.Err()
 	return p, err
 }
 
@@ -300,12 +301,13 @@ func BenchmarkNoopSync1000Macvlans(b *testing.B) {
 		ctx := context.Background()
 		sync := func() (Plan, time.Duration) {
 			start := time.Now()
-			o, err := Observe(ctx, node.Host, d)
+			o, err := Observe(ctx, node.Host.Snapshot(), d)
 			if err != nil {
 				b.Fatal(err)
 			}
 			p := MakePlan(d, o)
-			if _, err := Apply(ctx, node.Host, p); err != nil {
+			if _, rep := Apply(ctx, node.Host.Snapshot(), p); rep.Err() != nil {
+				err := rep.Err()
 				b.Fatal(err)
 			}
 			return p, time.Since(start)

@@ -3,6 +3,7 @@ package link
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -10,10 +11,11 @@ import (
 
 // Observe reads the links and addresses that matter to d: every link
 // nodeagent owns (marked, or born with host.CreatingGroup and not yet
-// marked) and every link d names as a link or a parent. It costs one link
-// dump and one address dump.
-func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
-	links, err := h.LinkList()
+// marked) and every link d names as a link or a parent. It reads them from
+// the sync's snapshot s (one link dump and one address dump, shared with
+// the subsystems that need them too).
+func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error) {
+	links, err := s.Links()
 	if err != nil {
 		return Observed{}, err
 	}
@@ -26,7 +28,7 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	for _, l := range links {
 		byIndex[l.Index] = l.Name
 	}
-	o := Observed{Links: map[string]ObservedLink{}}
+	o := Observed{Links: map[string]ObservedLink{}, MACs: map[int]net.HardwareAddr{}}
 	keep := map[int]string{}
 	for _, l := range links {
 		o.MaxIndex = max(o.MaxIndex, l.Index)
@@ -35,6 +37,7 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 		if !owned && !named[l.Name] {
 			continue
 		}
+		o.MACs[l.Index] = l.HardwareAddr
 		o.Links[l.Name] = ObservedLink{
 			Index: l.Index, Name: l.Name, Kind: l.Kind, Parent: byIndex[l.ParentIndex],
 			VLANID: l.VLANID, Mode: modeName(l), MTU: l.MTU, Up: l.Up,
@@ -45,10 +48,11 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	if len(keep) == 0 {
 		return o, nil
 	}
-	addrs, err := h.AddrList()
+	addrs, err := s.Addrs()
 	if err != nil {
 		return Observed{}, err
 	}
+	h := s.Host()
 	for _, a := range addrs {
 		name, ok := keep[a.LinkIndex]
 		if !ok || a.Prefix.Addr().IsLinkLocalUnicast() {

@@ -297,11 +297,12 @@ func dropTrunk(b *testing.B, ns *testenv.NetNS) {
 }
 
 func benchSync(h *host.Host, d Desired) (Plan, error) {
-	o, err := Observe(context.Background(), h, d)
+	o, err := Observe(context.Background(), h.Snapshot(), d)
 	if err != nil {
 		return Plan{}, err
 	}
 	p := MakePlan(d, o)
-	_, err = Apply(context.Background(), h, p)
+	_, rep := Apply(context.Background(), h.Snapshot(), p)
+	err = rep.Err()
 	return p, err
 }

@@ -2,7 +2,6 @@ package nft
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,115 +9,207 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 )
 
-// Apply carries out p in one nftables transaction (one batch, one Flush)
-// and returns the state it reached. When p is empty it sends nothing.
-//
-// The table is updated in place, never deleted and re-added: a table,
-// chain or set that is right is left alone, a set whose elements differ
-// gets exactly the missing elements added and the extra ones deleted, and
-// a chain whose rules differ is flushed and refilled in the same
-// transaction. nf_tables commits a batch all or nothing, and a packet sees
-// a chain's old rules or its new ones and a set's old elements or its new
-// ones, switched together when the generation flips. That is not true of
-// objects created in the batch: deleting and re-adding the table (or a
-// set) in one transaction leaks, measured under a flood on Linux 6.18 (a
-// set created in a transaction can miss lookups for a moment after the
-// commit), so the kill switch's chain and sets are never replaced while
-// they are in use. A chain or set whose declaration is wrong (changed by
-// hand) has to be replaced; a table nodeagent no longer wants is deleted.
-//
-// Apply works from p.Observed: if the table was changed since, the
-// transaction may fail, and nothing of it is applied; the next sync
-// observes again. The kill switch counts into a named counter object
-// (KillSwitchCounter), which refilling a chain does not touch and Apply
-// never writes once it exists, so no count is carried over or lost. Tables
-// owned by another process (NFT_TABLE_F_OWNER) are left out and reported.
-func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
-	if p.Empty() {
-		return p.Observed, nil
+// Apply carries out p (Execute) and returns the state it reached, read
+// again after the transaction, with the report of every line.
+func Apply(ctx context.Context, s *host.Snapshot, p Plan) (Observed, plan.Report) {
+	r := Execute(ctx, s, p)
+	if !r.Writes() {
+		return p.Observed, r
 	}
-	if err := ctx.Err(); err != nil {
-		return p.Observed, err
-	}
-	var errs []error
-	conflict := map[tableKey]bool{}
-	for _, op := range p.Ops {
-		if op.Kind == OpConflict {
-			conflict[tableKey{op.Family, op.Table}] = true
-			errs = append(errs, fmt.Errorf("%s: %s", op.Object(), op.Reason))
-		}
-	}
-	var want, have []Table
-	for _, t := range p.Desired.Tables() {
-		if !conflict[tableKey{t.Family, t.Name}] {
-			want = append(want, t)
-		}
-	}
-	for _, t := range p.Observed.Tables {
-		if !conflict[tableKey{t.Family, t.Name}] {
-			have = append(have, t)
-		}
-	}
-	if len(want) == 0 && len(have) == 0 {
-		return p.Observed, errors.Join(errs...)
-	}
-	c, err := dial(h)
+	o, err := Observe(ctx, s.After(), p.Desired)
 	if err != nil {
-		return p.Observed, errors.Join(append(errs, err)...)
+		return p.Observed, append(r, plan.Entry{Subsystem: plan.Nftables, Kind: plan.KindNftables, Action: plan.NotApplied,
+			Object: "nftables", Text: "! nftables: observe after apply: " + err.Error(), Err: fmt.Errorf("nftables: %w", err)})
 	}
-	defer c.close()
-	h.Wrote(1) // one transaction
-	if err := c.update(want, have); err != nil {
-		errs = append(errs, err)
-	}
-	obs, err := c.observe()
-	if err != nil {
-		errs = append(errs, err)
-	}
-	return obs, errors.Join(errs...)
+	return o, r
 }
 
-// update takes the tables from have to want in one transaction.
-func (c *conn) update(want, have []Table) error {
-	b := &batch{c: c.nft}
-	haveBy := map[tableKey]Table{}
-	for _, t := range have {
-		haveBy[tableKey{t.Family, t.Name}] = t
+// Execute compiles exactly p's ops into one nftables transaction (one
+// batch, one Flush) and reports every line; when p has nothing to write it
+// sends nothing.
+//
+// The table is updated in place, never deleted and re-added: MakePlan
+// leaves alone what is right, gives a set whose elements differ exactly
+// the missing elements and deletes the extra ones, flushes and refills a
+// chain whose rules differ, and replaces a chain or set whose declaration
+// is wrong (changed by hand). nf_tables commits a batch all or nothing, and
+// a packet sees a chain's old rules or its new ones and a set's old
+// elements or its new ones, switched together when the generation flips.
+// That is not true of objects created in the batch: deleting and re-adding
+// the table (or a set) in one transaction leaks, measured under a flood on
+// Linux 6.18 (a set created in a transaction can miss lookups for a moment
+// after the commit), so the kill switch's chain and sets are never
+// replaced while they are in use. A table nodeagent no longer wants is
+// deleted.
+//
+// The ops are queued in the order the kernel needs them, table by table:
+// chains emptied or deleted, then objects, then sets, then chains filled,
+// so that nothing refers to what is gone. If the table changed since it was
+// observed the transaction may fail, and nothing of it is applied; the
+// next sync observes again. The kill switch counts into a named counter
+// object (KillSwitchCounter), which refilling a chain does not touch and
+// Execute never writes once it exists, so no count is carried over or lost.
+// Tables owned by another process (NFT_TABLE_F_OWNER) are left out and
+// reported.
+func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
+	h := s.Host()
+	r := p.Report()
+	if !r.Writes() {
+		return r
 	}
-	wanted := map[tableKey]bool{}
+	if err := ctx.Err(); err != nil {
+		r.Fail(err)
+		return r
+	}
+	// Which report entries each op's lines are, to fail them together.
+	var ops []int
 	var names []string
-	for _, t := range want {
-		k := tableKey{t.Family, t.Name}
-		wanted[k] = true
-		names = append(names, familyName(t.Family)+" "+t.Name)
-		cur, ok := haveBy[k]
-		if !ok {
-			b.addTable(t)
+	seen := map[tableKey]bool{}
+	for i, o := range p.Ops {
+		if o.Kind == OpConflict {
 			continue
 		}
-		b.updateTable(t, cur)
+		ops = append(ops, i)
+		if k := (tableKey{o.Family, o.Table}); !seen[k] {
+			seen[k] = true
+			names = append(names, familyName(o.Family)+" "+o.Table)
+		}
 	}
-	for _, t := range have {
-		if !wanted[tableKey{t.Family, t.Name}] {
-			names = append(names, familyName(t.Family)+" "+t.Name)
-			tbl := &nftables.Table{Family: t.Family, Name: t.Name}
+	if len(ops) == 0 {
+		return r
+	}
+	failOps := func(err error) {
+		n := 0
+		for _, o := range p.Ops {
+			if o.Kind != OpConflict {
+				r[n : n+len(o.Lines)].Fail(err)
+			}
+			n += len(o.Lines)
+		}
+	}
+	obj := "nft table " + strings.Join(names, ", ")
+	c, err := dial(h)
+	if err != nil {
+		failOps(fmt.Errorf("%s: %w", obj, err))
+		return r
+	}
+	defer c.close()
+	b := &batch{c: c.nft}
+	b.compile(p.Ops, ops)
+	if b.err != nil {
+		// Nothing was sent; the queued messages go with the conn.
+		failOps(fmt.Errorf("%s: %w", obj, b.err))
+		return r
+	}
+	h.Wrote(1) // one transaction
+	if err := c.nft.Flush(); err != nil {
+		failOps(fmt.Errorf("%s: transaction: %w", obj, err))
+	}
+	return r
+}
+
+// compile queues the ops at ids, table by table, in the order the kernel
+// needs them.
+func (b *batch) compile(all []Op, ids []int) {
+	var order []tableKey
+	byTable := map[tableKey][]Op{}
+	for _, i := range ids {
+		o := all[i]
+		k := tableKey{o.Family, o.Table}
+		if _, ok := byTable[k]; !ok {
+			order = append(order, k)
+		}
+		byTable[k] = append(byTable[k], o)
+	}
+	for _, k := range order {
+		tops := byTable[k]
+		tbl := &nftables.Table{Family: k.family, Name: k.name}
+		phase := func(kinds ...OpKind) []Op {
+			var out []Op
+			for _, o := range tops {
+				if slices.Contains(kinds, o.Kind) {
+					out = append(out, o)
+				}
+			}
+			return out
+		}
+		for _, o := range phase(OpAddTable) {
+			b.addTable(o.Whole)
+		}
+		for range phase(OpTableFlags) {
+			// NEWTABLE on an existing table updates its flags: a dormant
+			// table wakes up.
+			b.c.AddTable(tbl)
+		}
+		// 1. Empty the chains whose rules change, and delete the chains
+		// not wanted or declared differently.
+		for _, o := range phase(OpDelChain, OpAddChain, OpRefillChain) {
+			if o.Kind == OpAddChain && !o.Replace {
+				continue
+			}
+			nc := &nftables.Chain{Name: o.Chain.Name, Table: tbl}
+			b.c.FlushChain(nc)
+			if o.Kind != OpRefillChain {
+				b.c.DelChain(nc)
+			}
+		}
+		// 2. Objects: delete the unwanted, once no rule refers to them,
+		// and add the missing.
+		for _, o := range phase(OpDelObject) {
+			b.c.DeleteObject(&nftables.NamedObj{Table: tbl, Name: o.Obj.Name, Type: o.Obj.Type})
+		}
+		for _, o := range phase(OpAddObject) {
+			b.addObject(tbl, o.Obj)
+		}
+		// 3. Sets: delete, add, and update elements in place.
+		for _, o := range phase(OpDelSet, OpAddSet) {
+			if (o.Kind == OpDelSet && !o.Set.Anonymous) || (o.Kind == OpAddSet && o.Replace) {
+				b.c.DelSet(&nftables.Set{Name: o.Set.Name, Table: tbl})
+			}
+		}
+		for _, o := range phase(OpAddSet, OpSetElements) {
+			if o.Kind == OpAddSet {
+				b.addSet(tbl, o.Set)
+				continue
+			}
+			ns := o.Set.Set
+			ns.Table = tbl
+			if len(o.DelElements) > 0 {
+				if err := b.c.SetDeleteElements(&ns, o.DelElements); err != nil {
+					b.fail(fmt.Errorf("set %s: %w", o.Set.Name, err))
+				}
+			}
+			if len(o.AddElements) > 0 {
+				if err := b.c.SetAddElements(&ns, o.AddElements); err != nil {
+					b.fail(fmt.Errorf("set %s: %w", o.Set.Name, err))
+				}
+			}
+		}
+		// 4. Chains: add the new ones, refill rules, update policies.
+		for _, o := range phase(OpAddChain, OpRefillChain, OpChainPolicy) {
+			switch {
+			case o.Kind == OpAddChain:
+				b.addRules(tbl, b.addChain(tbl, o.Chain), o.Chain.Rules)
+			case o.Kind == OpRefillChain && o.Policy:
+				b.addRules(tbl, b.addChain(tbl, o.Chain), o.Chain.Rules)
+			case o.Kind == OpRefillChain:
+				nc := o.Chain.Chain
+				nc.Table = tbl
+				b.addRules(tbl, &nc, o.Chain.Rules)
+			default:
+				b.addChain(tbl, o.Chain)
+			}
+		}
+		for range phase(OpDelTable) {
 			// Add first: nft's idiom for deleting a table that may have
 			// gone since it was observed.
 			b.c.AddTable(tbl)
 			b.c.DelTable(tbl)
 		}
 	}
-	obj := "nft table " + strings.Join(names, ", ")
-	if b.err != nil {
-		// Nothing was sent; the queued messages go with the conn.
-		return fmt.Errorf("%s: %w", obj, b.err)
-	}
-	if err := c.nft.Flush(); err != nil {
-		return fmt.Errorf("%s: transaction: %w", obj, err)
-	}
-	return nil
 }
 
 // batch queues messages on c and keeps the first error.
@@ -146,145 +237,6 @@ func (b *batch) addTable(t Table) {
 	for _, ch := range t.Chains {
 		b.addRules(tbl, b.addChain(tbl, ch), ch.Rules)
 	}
-}
-
-// updateTable queues what takes the observed table cur to t, and nothing
-// for what is already right.
-func (b *batch) updateTable(t, cur Table) {
-	tbl := &nftables.Table{Family: t.Family, Name: t.Name}
-	if t.Flags != cur.Flags {
-		// NEWTABLE on an existing table updates its flags: a dormant table
-		// wakes up.
-		b.c.AddTable(tbl)
-	}
-	haveSets := map[string]Set{}
-	for _, s := range cur.Sets {
-		haveSets[s.Name] = s
-	}
-	haveChains := map[string]Chain{}
-	for _, ch := range cur.Chains {
-		haveChains[ch.Name] = ch
-	}
-	wantSets := map[string]Set{}
-	for _, s := range t.Sets {
-		wantSets[s.Name] = s
-	}
-	wantChains := map[string]bool{}
-	for _, ch := range t.Chains {
-		wantChains[ch.Name] = true
-	}
-
-	// Sets to delete: unwanted, or declared differently (replaced). Rules
-	// that look them up must go in the same transaction, so their chains
-	// are refilled.
-	var delSets []string
-	for _, s := range cur.Sets {
-		w, ok := wantSets[s.Name]
-		if s.Anonymous {
-			continue // bound to a rule; goes with it
-		}
-		if !ok || w.header() != s.header() {
-			delSets = append(delSets, s.Name)
-		}
-	}
-	// Objects to delete: unwanted (a counter is never replaced: one that
-	// is wanted is left as it is). Rules that refer to them must go first,
-	// so their chains are refilled too.
-	delObjs := objectDiff(t.Objects, cur.Objects)
-	refill := map[string]bool{}
-	for _, ch := range cur.Chains {
-		for _, r := range ch.Rules {
-			if slices.ContainsFunc(delSets, r.looksUp) || slices.ContainsFunc(delObjs, r.refersTo) {
-				refill[ch.Name] = true
-			}
-		}
-	}
-
-	// 1. Empty the chains whose rules change, and delete the chains not
-	// wanted or declared differently.
-	replaceChain := map[string]bool{}
-	for _, ch := range cur.Chains {
-		nc := &nftables.Chain{Name: ch.Name, Table: tbl}
-		if !wantChains[ch.Name] {
-			b.c.FlushChain(nc)
-			b.c.DelChain(nc)
-			continue
-		}
-		var w Chain
-		for _, x := range t.Chains {
-			if x.Name == ch.Name {
-				w = x
-			}
-		}
-		switch {
-		case !sameHook(w.Chain, ch.Chain):
-			replaceChain[ch.Name] = true
-			b.c.FlushChain(nc)
-			b.c.DelChain(nc)
-		case refill[ch.Name] || !slices.Equal(ruleStrings(w.Rules), ruleStrings(ch.Rules)):
-			refill[ch.Name] = true
-			b.c.FlushChain(nc)
-		}
-	}
-
-	// 2. Objects: delete the unwanted, once no rule refers to them, and
-	// add the missing.
-	for _, o := range delObjs {
-		b.c.DeleteObject(&nftables.NamedObj{Table: tbl, Name: o.Name, Type: o.Type})
-	}
-	for _, o := range objectDiff(cur.Objects, t.Objects) {
-		b.addObject(tbl, o)
-	}
-
-	// 3. Sets: delete, add, and update elements in place.
-	for _, name := range delSets {
-		b.c.DelSet(&nftables.Set{Name: name, Table: tbl})
-	}
-	for _, s := range t.Sets {
-		cur, ok := haveSets[s.Name]
-		if !ok || slices.Contains(delSets, s.Name) {
-			b.addSet(tbl, s)
-			continue
-		}
-		ns := s.Set
-		ns.Table = tbl
-		del, add := elementDiff(cur.Elements, s.Elements)
-		if len(del) > 0 {
-			if err := b.c.SetDeleteElements(&ns, del); err != nil {
-				b.fail(fmt.Errorf("set %s: %w", s.Name, err))
-			}
-		}
-		if len(add) > 0 {
-			if err := b.c.SetAddElements(&ns, add); err != nil {
-				b.fail(fmt.Errorf("set %s: %w", s.Name, err))
-			}
-		}
-	}
-
-	// 4. Chains: add the new ones, update policies, refill rules.
-	for _, ch := range t.Chains {
-		cur, ok := haveChains[ch.Name]
-		switch {
-		case !ok || replaceChain[ch.Name]:
-			b.addRules(tbl, b.addChain(tbl, ch), ch.Rules)
-		case refill[ch.Name]:
-			b.addRules(tbl, b.addChainIfPolicy(tbl, ch, cur), ch.Rules)
-		default:
-			b.addChainIfPolicy(tbl, ch, cur)
-		}
-	}
-}
-
-// addChainIfPolicy queues an update of ch's policy when cur's differs
-// (NEWCHAIN on an existing base chain may change its policy, not its hook)
-// and returns the chain to add rules to.
-func (b *batch) addChainIfPolicy(tbl *nftables.Table, ch, cur Chain) *nftables.Chain {
-	if ch.header() != cur.header() {
-		return b.addChain(tbl, ch)
-	}
-	nc := ch.Chain
-	nc.Table = tbl
-	return &nc
 }
 
 // sameHook reports whether a and b have the same type, hook and priority,

@@ -89,13 +89,14 @@ func BenchmarkNftRuleset(b *testing.B) {
 		var cold, applyOnly, nftF, noop time.Duration
 		for r := 0; r < runs; r++ {
 			start := time.Now()
-			o, err := nft.Observe(context.Background(), ns.Host, d)
+			o, err := nft.Observe(context.Background(), ns.Host.Snapshot(), d)
 			if err != nil {
 				b.Fatal(err)
 			}
 			p := nft.MakePlan(d, o)
 			a := time.Now()
-			if _, err := nft.Apply(context.Background(), ns.Host, p); err != nil {
+			if _, rep := nft.Apply(context.Background(), ns.Host.Snapshot(), p); rep.Err() != nil {
+				err := rep.Err()
 				b.Fatal(err)
 			}
 			cold = best(cold, time.Since(start))

@@ -35,12 +35,13 @@ func parse(t testing.TB, yaml string) nft.Desired {
 // converge observes, plans and applies once, and returns the plan.
 func converge(t testing.TB, ns *testenv.NetNS, d nft.Desired) nft.Plan {
 	t.Helper()
-	o, err := nft.Observe(context.Background(), ns.Host, d)
+	o, err := nft.Observe(context.Background(), ns.Host.Snapshot(), d)
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}
 	p := nft.MakePlan(d, o)
-	if _, err := nft.Apply(context.Background(), ns.Host, p); err != nil {
+	if _, rep := nft.Apply(context.Background(), ns.Host.Snapshot(), p); rep.Err() != nil {
+		err := rep.Err()
 		t.Fatalf("apply:\n%s\nerror: %v", p, err)
 	}
 	return p
@@ -49,7 +50,7 @@ func converge(t testing.TB, ns *testenv.NetNS, d nft.Desired) nft.Plan {
 // observe observes ns and fails the test on error.
 func observe(t testing.TB, ns *testenv.NetNS) nft.Observed {
 	t.Helper()
-	o, err := nft.Observe(context.Background(), ns.Host, nft.Desired{})
+	o, err := nft.Observe(context.Background(), ns.Host.Snapshot(), nft.Desired{})
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}

@@ -197,7 +197,8 @@ func TestDriftRepairedAndNoopSilent(t *testing.T) {
 				t.Fatalf("plan after %q (-want +got):\n%s", tt.cmd, diff)
 			}
 			mon := newNftMonitor(t, ns)
-			o, err := nft.Apply(context.Background(), ns.Host, p)
+			o, rep := nft.Apply(context.Background(), ns.Host.Snapshot(), p)
+			err := rep.Err()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -382,7 +383,8 @@ func TestForeignTablesUntouched(t *testing.T) {
 	if diff := cmp.Diff("- nft inet nodeagent table\n", p.String()); diff != "" {
 		t.Errorf("teardown plan (-want +got):\n%s", diff)
 	}
-	if _, err := nft.Apply(context.Background(), ns.Host, p); err != nil {
+	if _, rep := nft.Apply(context.Background(), ns.Host.Snapshot(), p); rep.Err() != nil {
+		err := rep.Err()
 		t.Fatal(err)
 	}
 	check("teardown")

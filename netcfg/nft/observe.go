@@ -62,11 +62,14 @@ func (c *conn) close() { c.nft.CloseLasting() }
 // Observe reads every table whose name starts with TableName, in any
 // family: its chains, sets, set elements and rules. Other tables are never
 // read. d is not needed (what nodeagent owns is named by the table, not by
-// the config); it is taken so that every subsystem's Observe looks alike.
-func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
+// the config), nor the snapshot's links; both are taken so that every
+// subsystem's Observe looks alike.
+func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error) {
 	if err := ctx.Err(); err != nil {
 		return Observed{}, err
 	}
+	h := s.Host()
+	h.Dumped(host.DumpNftables)
 	c, err := dial(h)
 	if err != nil {
 		return Observed{}, err

@@ -26,7 +26,7 @@ func FullDesired() Desired {
 
 func observeIn(t *testing.T, ns *testenv.NetNS) Observed {
 	t.Helper()
-	o, err := Observe(context.Background(), ns.Host, Desired{})
+	o, err := Observe(context.Background(), ns.Host.Snapshot(), Desired{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,26 +40,25 @@ func TestFailedTransactionChangesNothing(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	d := FullDesired()
 	p := MakePlan(d, observeIn(t, ns))
-	if _, err := Apply(context.Background(), ns.Host, p); err != nil {
+	if _, rep := Apply(context.Background(), ns.Host.Snapshot(), p); rep.Err() != nil {
+		err := rep.Err()
 		t.Fatal(err)
 	}
 	before := ns.Exec(t, "nft", "-j", "list", "table", "inet", "nodeagent")
 
-	c, err := dial(ns.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
 	changed := FullDesired()
 	changed.Masquerade[2].From = netip.MustParsePrefix("10.80.0.0/24")
 	want := changed.Tables()
 	// A kill-switch rule whose lookup names no set, queued last: by then
-	// the batch has deleted the table and re-added most of it.
+	// the batch has changed a set's elements and emptied and refilled
+	// chains.
 	bad := Rule{Exprs: append(slices.Clone(want[0].Chains[0].Rules[0].Exprs[:3]),
 		&expr.Lookup{SourceRegister: 1, SetName: "no-such-set"}, &expr.Verdict{Kind: expr.VerdictDrop})}
 	last := &want[0].Chains[len(want[0].Chains)-1]
 	last.Rules = append(last.Rules, bad)
-	err = c.update(want, observeIn(t, ns).Tables)
+	have := observeIn(t, ns)
+	bp := Plan{Ops: Diff(want[0], have.Tables[0]), Desired: changed, Observed: have}
+	err := Execute(context.Background(), ns.Host.Snapshot(), bp).Err()
 	if err == nil {
 		t.Fatal("a rule looking up a set that does not exist was accepted")
 	}

@@ -10,19 +10,46 @@ import (
 
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// Apply executes p and returns the state it reached. Every op that fails is
-// reported by its object; the others still run.
-func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
-	if p.Empty() {
-		return p.Observed, nil
+// Apply executes p (Execute) and returns the state it reached, with the
+// report of every op.
+func Apply(ctx context.Context, s *host.Snapshot, p Plan) (Observed, plan.Report) {
+	r := Execute(ctx, s, p)
+	if !r.Writes() {
+		return p.Observed, r
 	}
-	links := p.Observed.Links
-	var errs []error
-	for _, o := range p.Ops {
+	o, err := Observe(ctx, s.After(), p.Desired)
+	if err != nil {
+		return p.Observed, append(r, plan.Entry{Subsystem: plan.Routes, Kind: plan.KindRoute, Action: plan.NotApplied,
+			Object: "routes", Text: "! routes: observe after apply: " + err.Error(), Err: fmt.Errorf("routes: %w", err)})
+	}
+	return o, r
+}
+
+// Execute carries out exactly p's ops and reports each; every op that
+// fails is reported by its object and the others still run. A route's
+// device is looked up in s, which knows the links created earlier in the
+// sync; a route whose device is not there is pending.
+func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
+	r := p.Report()
+	if !r.Writes() {
+		return r
+	}
+	h := s.Host()
+	links := map[string]int{}
+	for name, idx := range p.Observed.Links {
+		links[name] = idx
+	}
+	for _, name := range p.Observed.Coming {
+		if idx, err := s.LinkIndex(name); err == nil {
+			links[name] = idx
+		}
+	}
+	for i, o := range p.Ops {
 		var err error
 		switch o.Kind {
 		case OpWriteTables:
@@ -34,6 +61,10 @@ func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 				err = nil
 			}
 		case OpAddRoute, OpReplaceRoute:
+			if o.Route.Dev != "" && links[o.Route.Dev] == 0 {
+				err = &host.PendingError{Reason: fmt.Sprintf("device %s does not exist yet", o.Route.Dev)}
+				break
+			}
 			h.Wrote(1)
 			// Replace, not add: an owned route left by a crash mid-apply
 			// with the same key is simply overwritten, never duplicated.
@@ -53,20 +84,14 @@ func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
 			if err = h.NL().RuleDel(toKernelRule(o.Rule)); errors.Is(err, unix.ENOENT) {
 				err = nil
 			}
-		case OpPending:
-			err = &host.PendingError{Reason: o.Reason}
-		case OpConflict:
-			err = errors.New(o.Reason)
+		default:
+			continue // reported as planned
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err))
+			r[i].Err = fmt.Errorf("%s: %w", o.Object(), err)
 		}
 	}
-	obs, err := Observe(ctx, h, p.Desired)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	return obs, errors.Join(errs...)
+	return r
 }
 
 func toKernelRoute(r Route, links map[string]int) *netlink.Route {

@@ -53,12 +53,13 @@ func ipBenchCommands(n int) []string {
 }
 
 func benchSync(b *testing.B, ns *testenv.NetNS, d Desired) Plan {
-	o, err := Observe(context.Background(), ns.Host, d)
+	o, err := Observe(context.Background(), ns.Host.Snapshot(), d)
 	if err != nil {
 		b.Fatal(err)
 	}
 	p := MakePlan(d, o)
-	if _, err := Apply(context.Background(), ns.Host, p); err != nil {
+	if _, rep := Apply(context.Background(), ns.Host.Snapshot(), p); rep.Err() != nil {
+		err := rep.Err()
 		b.Fatal(err)
 	}
 	return p

@@ -2,7 +2,6 @@ package route
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -37,42 +36,38 @@ type Observed struct {
 	// TablesFile is the current content of Desired.TablesFile, nil when
 	// absent.
 	TablesFile []byte
+	// Coming are the links another subsystem creates in the same sync
+	// (set by the caller, not read from the kernel): routes on them are
+	// planned, not pending, and find their index when they are applied.
+	Coming []string
 }
 
-// Observe dumps routes of every table and rules once each, and looks up
-// only the links that routes name (not a dump of every link: the link
-// subsystem already dumps them, and with a thousand VLANs that dump is most
-// of a no-op sync).
-func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
+// Observe dumps routes of every table and rules once each, and finds the
+// links routes name in the sync's snapshot s (the link dump the other
+// subsystems share, not a lookup per device).
+func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error) {
+	h := s.Host()
 	o := Observed{Links: map[string]int{}}
-	for _, r := range d.Routes {
-		if r.Dev == "" {
-			continue
-		}
-		if _, seen := o.Links[r.Dev]; seen {
-			continue
-		}
-		l, err := h.NL().LinkByName(r.Dev)
-		var nf netlink.LinkNotFoundError
-		switch {
-		case errors.As(err, &nf):
-			o.Links[r.Dev] = 0 // absent: routes on it are pending
-		case err != nil:
-			return o, fmt.Errorf("link %s: %w", r.Dev, err)
-		default:
-			o.Links[r.Dev] = l.Attrs().Index
-		}
+	links, err := s.Links()
+	if err != nil {
+		return o, err
 	}
-	names := map[int]string{}
-	for name, idx := range o.Links {
-		if idx != 0 {
-			names[idx] = name
+	byName := make(map[string]int, len(links))
+	names := make(map[int]string, len(links))
+	for _, l := range links {
+		byName[l.Name] = l.Index
+		names[l.Index] = l.Name
+	}
+	for _, r := range d.Routes {
+		if r.Dev != "" {
+			o.Links[r.Dev] = byName[r.Dev] // 0: absent, routes on it are pending
 		}
 	}
 	tables := map[int]bool{}
 	for _, r := range d.Routes {
 		tables[r.Table] = true
 	}
+	h.Dumped(host.DumpRoutes)
 	routes, err := host.Retry(func() ([]netlink.Route, error) {
 		return h.NL().RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	})
@@ -84,14 +79,11 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 		if !owned && !tables[r.Table] {
 			continue
 		}
-		if _, ok := names[r.LinkIndex]; !ok && r.LinkIndex != 0 {
+		if name, ok := names[r.LinkIndex]; ok {
 			// A route on a link no desired route names (an owned route
-			// left from an older config): one lookup per such link.
-			if l, err := h.NL().LinkByIndex(r.LinkIndex); err == nil {
-				names[r.LinkIndex] = l.Attrs().Name
-				if _, named := o.Links[l.Attrs().Name]; !named {
-					o.Links[l.Attrs().Name] = r.LinkIndex
-				}
+			// left from an older config).
+			if _, named := o.Links[name]; !named {
+				o.Links[name] = r.LinkIndex
 			}
 		}
 		or, ok := fromKernelRoute(r, names)

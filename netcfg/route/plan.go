@@ -3,8 +3,10 @@ package route
 import (
 	"bytes"
 	"fmt"
-	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"slices"
+
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 )
 
 // OpKind says what an Op does; Apply runs kinds in this order. Routes go
@@ -63,6 +65,44 @@ func (o Op) String() string {
 	return fmt.Sprintf("! %s: %s", o.Object(), o.Reason)
 }
 
+// Entry is the op as a line of the sync's report.
+func (o Op) Entry() plan.Entry {
+	kind := plan.KindRoute
+	action := plan.Change
+	switch o.Kind {
+	case OpAddRule, OpDelRule:
+		kind = plan.KindRule
+	case OpWriteTables, OpRemoveTables:
+		kind = plan.KindFile
+	}
+	switch o.Kind {
+	case OpAddRoute, OpAddRule, OpWriteTables:
+		action = plan.Add
+	case OpDelRule, OpDelRoute, OpRemoveTables:
+		action = plan.Remove
+	case OpPending, OpConflict:
+		action = plan.NotApplied
+	}
+	e := plan.Entry{Subsystem: plan.Routes, Kind: kind, Action: action, Object: o.Object(), Text: o.String()}
+	switch o.Kind {
+	case OpPending:
+		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason})
+	case OpConflict:
+		e.Err = fmt.Errorf("%s: %s", o.Object(), o.Reason)
+	}
+	return e
+}
+
+// Report is the plan as report entries, one per op; ops that cannot be
+// applied carry their reason as the error.
+func (p Plan) Report() plan.Report {
+	r := make(plan.Report, len(p.Ops))
+	for i, o := range p.Ops {
+		r[i] = o.Entry()
+	}
+	return r
+}
+
 // Plan is an ordered list of ops.
 type Plan struct {
 	plan.Ops[Op]
@@ -109,7 +149,7 @@ func MakePlan(d Desired, o Observed) Plan {
 		wanted[r.key()] = true
 		cur, exists := have[r.key()]
 		switch {
-		case r.Dev != "" && o.Links[r.Dev] == 0:
+		case r.Dev != "" && o.Links[r.Dev] == 0 && !slices.Contains(o.Coming, r.Dev):
 			ops = append(ops, Op{Kind: OpPending, Route: r, Reason: fmt.Sprintf("device %s does not exist yet", r.Dev)})
 		case !exists:
 			ops = append(ops, Op{Kind: OpAddRoute, Route: r})

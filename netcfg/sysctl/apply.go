@@ -7,55 +7,72 @@ import (
 	"os"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"golang.org/x/sys/unix"
 )
 
-// Apply executes p inside h's namespace and returns the state it reached.
-// Each key is read again just before it is written and skipped when it
-// already has its value (an earlier write may have propagated to it). A key
-// that cannot be set, or is pending, is reported by its key and does not
-// stop the others; a written key that does not read back as written is
-// reported too. The returned error joins every failure; pending keys wrap
-// host.PendingError.
-func Apply(ctx context.Context, h *host.Host, p Plan) (Observed, error) {
-	if p.Empty() {
-		return p.Observed, nil
+// Apply executes p (Execute) and returns the state it reached, with the
+// report of every key.
+func Apply(ctx context.Context, snap *host.Snapshot, p Plan) (Observed, plan.Report) {
+	r := Execute(ctx, snap, p)
+	if !r.Writes() {
+		return p.Observed, r
 	}
+	o, err := Observe(ctx, snap.After(), p.Desired)
+	if err != nil {
+		return p.Observed, append(r, plan.Entry{Subsystem: plan.Sysctls, Kind: plan.KindSysctl, Action: plan.NotApplied,
+			Object: "sysctls", Text: "! sysctls: observe after apply: " + err.Error(), Err: fmt.Errorf("sysctls: %w", err)})
+	}
+	return o, r
+}
+
+// Execute carries out exactly p's ops inside the namespace and reports
+// each key. A key is read again just before it is written and skipped when
+// it already has its value (an earlier write may have propagated to it),
+// and read back after: one that does not read back as written is
+// reported. A key that cannot be set, or is pending, is reported by its key
+// and does not stop the others; a key of an interface this sync was to
+// create that does not exist is pending.
+func Execute(ctx context.Context, snap *host.Snapshot, p Plan) plan.Report {
+	r := p.Report()
+	if !r.Writes() {
+		return r
+	}
+	h := snap.Host()
 	root := p.Desired.root()
-	var errs []error
-	var written []Op
 	err := h.Do(func() error {
-		for _, o := range p.Ops {
+		for i, o := range p.Ops {
 			if o.Kind != OpSet {
-				errs = append(errs, o.err())
-				continue
+				continue // reported as planned
 			}
 			if err := ctx.Err(); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err))
+				r[i].Err = fmt.Errorf("%s: %w", o.Object(), err)
 				continue
 			}
 			wrote, err := set(h, root, o)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err))
-			} else if wrote {
-				written = append(written, o)
+			switch {
+			case err != nil && o.NewIface && errors.Is(err, os.ErrNotExist):
+				r[i].Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: "the interface does not exist yet"})
+			case err != nil:
+				r[i].Err = fmt.Errorf("%s: %w", o.Object(), err)
+			case wrote:
+				if got := readKey(keyPath(root, o.Key)); !equalValue(got.Raw, o.New) {
+					r[i].Err = fmt.Errorf("%s: wrote %s but it reads back %s", o.Object(), show(normalize(o.New)), show(normalize(got.Raw)))
+				}
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		errs = append(errs, err)
+		r.Fail(fmt.Errorf("sysctls: %w", err))
 	}
-	obs, err := Observe(ctx, h, p.Desired)
-	if err != nil {
-		return obs, errors.Join(append(errs, err)...)
-	}
-	for _, o := range written {
-		if got := obs.Keys[o.Key]; !equalValue(got.Raw, o.New) {
-			errs = append(errs, fmt.Errorf("%s: wrote %s but it reads back %s", o.Object(), show(normalize(o.New)), show(normalize(got.Raw))))
-		}
-	}
-	return obs, errors.Join(errs...)
+	return r
+}
+
+// keyPath is the file of key under root.
+func keyPath(root, key string) string {
+	names, _ := parseKey(key)
+	return pathOf(root, names)
 }
 
 // set writes o.New unless the key has it already, and reports whether it
@@ -77,6 +94,9 @@ func set(h *host.Host, root string, o Op) (bool, error) {
 		return fmt.Errorf("is %s, want %s, and it cannot be written: %w", show(old), show(normalize(o.New)), why(root, err))
 	}
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+	if errors.Is(err, os.ErrNotExist) && o.NewIface {
+		return false, err
+	}
 	if err != nil {
 		return false, cannot(err)
 	}

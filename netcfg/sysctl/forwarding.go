@@ -30,7 +30,11 @@ func (p Plan) HoldForwarding(why string) (Plan, []string) {
 	for i, o := range p.Ops {
 		if o.Kind == OpSet && IsForwarding(o.Key) && !equalValue(o.New, "0") {
 			held = append(held, o.Key)
-			o = Op{Kind: OpFail, Key: o.Key, Old: o.Old, New: o.New, Reason: "held at " + show(o.Old) + ", not set to " + show(normalize(o.New)) + ": " + why}
+			reason := "held at " + show(o.Old) + ", not set to " + show(normalize(o.New)) + ": " + why
+			if o.NewIface {
+				reason = "not set to " + show(normalize(o.New)) + " on the new interface: " + why
+			}
+			o = Op{Kind: OpFail, Key: o.Key, Old: o.Old, New: o.New, Reason: reason}
 		}
 		ops[i] = o
 	}
@@ -41,14 +45,14 @@ func (p Plan) HoldForwarding(why string) (Plan, []string) {
 // ForwardingOn returns the forwarding keys that are on now: ip_forward and
 // the conf.all.forwarding of IPv6 (which the per-interface IPv6 keys follow
 // unless set one by one), plus every forwarding key d names.
-func ForwardingOn(ctx context.Context, h *host.Host, d Desired) ([]string, error) {
+func ForwardingOn(ctx context.Context, snap *host.Snapshot, d Desired) ([]string, error) {
 	keys := map[string]string{"net.ipv4.ip_forward": "", "net.ipv6.conf.all.forwarding": ""}
 	for k := range d.Values {
 		if names, err := parseKey(k); err == nil && IsForwarding(keyOf(names)) {
 			keys[k] = ""
 		}
 	}
-	o, err := Observe(ctx, h, Desired{Root: d.Root, Values: keys})
+	o, err := Observe(ctx, snap, Desired{Root: d.Root, Values: keys})
 	if err != nil {
 		return nil, err
 	}

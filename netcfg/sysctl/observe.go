@@ -20,7 +20,8 @@ import (
 // exist now. It opens the files inside h's namespace. A key that is missing
 // or unreadable is recorded, not returned as an error: MakePlan reports it
 // as that key's failure.
-func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
+func Observe(ctx context.Context, snap *host.Snapshot, d Desired) (Observed, error) {
+	h := snap.Host()
 	o := Observed{Keys: map[string]ObservedKey{}, Matches: map[string][]string{}}
 	root := d.root()
 	var missing []string
@@ -69,8 +70,11 @@ func Observe(ctx context.Context, h *host.Host, d Desired) (Observed, error) {
 	}
 	for _, key := range missing {
 		ok := o.Keys[key]
-		_, err := h.NL().LinkByName(ok.Iface)
-		ok.IfaceExists = err == nil
+		idx, err := snap.LinkIndex(ok.Iface)
+		if err != nil {
+			return Observed{}, err
+		}
+		ok.IfaceExists = idx != 0
 		o.Keys[key] = ok
 	}
 	return o, ctx.Err()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 )
@@ -17,6 +18,10 @@ func MakePlan(d Desired, o Observed) Plan {
 	}
 	wants := map[string]want{}
 	conflicts := map[string]string{}
+	coming := map[string]bool{}
+	for _, c := range o.Coming {
+		coming[c] = true
+	}
 	var ops []Op
 	set := func(key string, w want) {
 		prev, ok := wants[key]
@@ -41,6 +46,18 @@ func MakePlan(d Desired, o Observed) Plan {
 			continue
 		}
 		matches := o.Matches[k]
+		if perIface(names) && globs(names[:3]) == 0 && globs(names[4:]) == 0 {
+			// Only the interface segment is a glob: it covers the
+			// interfaces this sync creates too.
+			for _, c := range slices.Sorted(maps.Keys(coming)) {
+				if ok, _ := path.Match(names[3], c); ok {
+					key := keyOf(append(append(slices.Clone(names[:3]), c), names[4:]...))
+					if !slices.Contains(matches, key) {
+						matches = append(matches, key)
+					}
+				}
+			}
+		}
 		if len(matches) == 0 {
 			if perIface(names) && globs(names[:3]) == 0 && globs(names[4:]) == 0 {
 				// Only the interface segment is a glob: no interface
@@ -60,7 +77,7 @@ func MakePlan(d Desired, o Observed) Plan {
 			ops = append(ops, Op{Kind: OpFail, Key: key, Reason: c})
 			continue
 		}
-		if op, ok := planKey(key, w.value, o.Keys[key]); ok {
+		if op, ok := planKey(key, w.value, o.Keys[key], coming); ok {
 			ops = append(ops, op)
 		}
 	}
@@ -71,10 +88,16 @@ func MakePlan(d Desired, o Observed) Plan {
 }
 
 // planKey returns the op that gives key the value v, and false when it has
-// it already.
-func planKey(key, v string, ok ObservedKey) (Op, bool) {
+// it already. A key of an interface in coming, which this sync creates, is
+// set once the interface exists.
+func planKey(key, v string, ok ObservedKey, coming map[string]bool) (Op, bool) {
 	fail := func(kind OpKind, format string, a ...any) (Op, bool) {
 		return Op{Kind: kind, Key: key, Reason: fmt.Sprintf(format, a...)}, true
+	}
+	if !ok.Exists {
+		if names, err := parseKey(key); err == nil && perIface(names) && coming[names[3]] {
+			return Op{Kind: OpSet, Key: key, New: v, NewIface: true}, true
+		}
 	}
 	switch {
 	case !ok.Exists && ok.Iface != "" && !ok.IfaceExists:

@@ -92,6 +92,10 @@ type Observed struct {
 	// Matches maps each glob key of Desired to the concrete keys it
 	// matched, sorted.
 	Matches map[string][]string
+	// Coming are the interfaces another subsystem creates in the same
+	// sync (set by the caller, not read from the kernel): their keys are
+	// planned as set, not pending, and a glob over interfaces covers them.
+	Coming []string
 }
 
 // Action is the first column of a plan line.
@@ -124,6 +128,9 @@ type Op struct {
 	Old, New string
 	// Reason explains a pending or failed op.
 	Reason string
+	// NewIface marks a set of a key of an interface this sync creates: its
+	// value is not known until it exists.
+	NewIface bool
 }
 
 // Action returns the op's plan symbol.
@@ -138,13 +145,34 @@ func (o Op) Action() Action {
 func (o Op) Object() string { return "sysctl " + o.Key }
 
 func (o Op) String() string {
-	switch o.Kind {
-	case OpSet:
+	switch {
+	case o.Kind == OpSet && o.NewIface:
+		return fmt.Sprintf("%c %s (new interface) -> %s", o.Action(), o.Object(), show(normalize(o.New)))
+	case o.Kind == OpSet:
 		return fmt.Sprintf("%c %s %s -> %s", o.Action(), o.Object(), show(o.Old), show(normalize(o.New)))
-	case OpPending:
+	case o.Kind == OpPending:
 		return fmt.Sprintf("%c %s: pending: %s", o.Action(), o.Object(), o.Reason)
 	}
 	return fmt.Sprintf("%c %s: %s", o.Action(), o.Object(), o.Reason)
+}
+
+// Entry is the op as a line of the sync's report.
+func (o Op) Entry() plan.Entry {
+	e := plan.Entry{Subsystem: plan.Sysctls, Kind: plan.KindSysctl, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String()}
+	if o.Kind != OpSet {
+		e.Err = o.err()
+	}
+	return e
+}
+
+// Report is the plan as report entries, one per op; ops that cannot be
+// applied carry their reason as the error.
+func (p Plan) Report() plan.Report {
+	r := make(plan.Report, len(p.Ops))
+	for i, o := range p.Ops {
+		r[i] = o.Entry()
+	}
+	return r
 }
 
 // err is the op's error when it cannot be applied.

@@ -30,12 +30,13 @@ func fakeRoot(t *testing.T, files map[string]string) string {
 func syncOnce(t *testing.T, h *host.Host, d Desired) (Plan, error) {
 	t.Helper()
 	ctx := context.Background()
-	o, err := Observe(ctx, h, d)
+	o, err := Observe(ctx, h.Snapshot(), d)
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}
 	p := MakePlan(d, o)
-	_, err = Apply(ctx, h, p)
+	_, rep := Apply(ctx, h.Snapshot(), p)
+	err = rep.Err()
 	return p, err
 }
 

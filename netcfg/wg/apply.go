@@ -8,89 +8,124 @@ import (
 	"net/netip"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
-// Apply executes p and returns the state it reached. Per device the order
-// is: link (create or delete, mark, MTU), addresses, then one wgctrl write
-// with the device's key, port and fwmark and every peer op, then up, so a
-// device never comes up without its key. An op that fails is reported by
-// its object and does not stop the other devices; the ops of a device whose
-// creation failed are skipped with that reason. The returned error joins
-// every failure.
-func Apply(ctx context.Context, h *Handle, p Plan) (Observed, error) {
-	if !p.Writes() {
-		return p.Observed, failures(p.Ops)
+// Apply executes p (Execute) and returns the state it reached, read after
+// the sync's writes, with the report of every op.
+func Apply(ctx context.Context, h *Handle, s *host.Snapshot, p Plan) (Observed, plan.Report) {
+	r := Execute(ctx, h, s, p)
+	if !r.Writes() {
+		return p.Observed, r
 	}
-	var errs []error
-	for _, group := range byDevice(p.Ops) {
-		errs = append(errs, applyDevice(h, group))
-	}
-	o, err := Observe(ctx, h, p.Desired)
+	o, err := Observe(ctx, h, s.After(), p.Desired)
 	if err != nil {
-		errs = append(errs, err)
+		return p.Observed, append(r, plan.Entry{Subsystem: plan.WireGuard, Kind: plan.KindWireGuard, Action: plan.NotApplied,
+			Object: "wireguard", Text: "! wireguard: observe after apply: " + err.Error(), Err: fmt.Errorf("wireguard: %w", err)})
 	}
-	return o, errors.Join(errs...)
+	return o, r
 }
 
-// failures returns the errors of the ops that only report.
-func failures(ops []Op) error {
-	var errs []error
-	for _, o := range ops {
-		if o.Kind == OpFail {
-			errs = append(errs, opError(o))
-		}
+// Execute carries out exactly p's ops and reports each. Per device the
+// order is: link (create or delete, mark, MTU), addresses, then one wgctrl
+// write with the device's key, port and fwmark and every peer op, then up,
+// so a device never comes up without its key. An op that fails is
+// reported by its object and does not stop the other devices; the ops of a
+// device whose creation failed are skipped with that reason. Devices it
+// creates and deletes are recorded in s.
+func Execute(ctx context.Context, h *Handle, s *host.Snapshot, p Plan) plan.Report {
+	r := p.Report()
+	if !p.Writes() {
+		return r
 	}
-	return errors.Join(errs...)
+	for _, g := range byDevice(p.Ops) {
+		applyDevice(h, s, p.Ops, g, r)
+	}
+	return r
+}
+
+// Entry is the op as a line of the sync's report.
+func (o Op) Entry() plan.Entry {
+	kind := plan.KindWireGuard
+	switch {
+	case o.Kind == OpAddAddr || o.Kind == OpDelAddr:
+		kind = plan.KindAddress
+	case o.Kind == OpAddPeer || o.Kind == OpRemovePeer || o.Kind == OpUpdatePeer || o.PeerID != (wgtypes.Key{}):
+		kind = plan.KindWireGuardPeer
+	}
+	e := plan.Entry{Subsystem: plan.WireGuard, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String()}
+	if o.Kind == OpFail {
+		e.Err = opError(o)
+	}
+	return e
+}
+
+// Report is the plan as report entries, one per op; ops that cannot be
+// applied carry their reason as the error.
+func (p Plan) Report() plan.Report {
+	r := make(plan.Report, len(p.Ops))
+	for i, o := range p.Ops {
+		r[i] = o.Entry()
+	}
+	return r
 }
 
 func opError(o Op) error {
-	if o.Pending {
+	switch {
+	case o.Pending:
 		return fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Detail})
-	}
-	if o.Skipped {
+	case o.Skipped:
 		return fmt.Errorf("%s: %w", o.Object(), &host.SkippedError{Reason: o.Detail})
 	}
 	return fmt.Errorf("%s: %s", o.Object(), o.Detail)
 }
 
-// byDevice splits the ops into runs of one device each, keeping their order.
-func byDevice(ops []Op) [][]Op {
-	var out [][]Op
+// byDevice splits the ops' indexes into runs of one device each, keeping
+// their order.
+func byDevice(ops []Op) [][]int {
+	var out [][]int
 	for i, o := range ops {
 		if i == 0 || o.Device != ops[i-1].Device {
 			out = append(out, nil)
 		}
-		out[len(out)-1] = append(out[len(out)-1], o)
+		out[len(out)-1] = append(out[len(out)-1], i)
 	}
 	return out
 }
 
-func applyDevice(h *Handle, ops []Op) error {
-	var errs []error
-	fail := func(o Op, err error) { errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err)) }
+func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report) {
+	fail := func(i int, err error) { r[i].Err = fmt.Errorf("%s: %w", all[i].Object(), err) }
+	name := all[ids[0]].Device
 	var cfg wgtypes.Config
-	var cfgOps []Op
+	var cfgOps []int
 	var index int
 	var up bool
-	for _, o := range ops {
+	for k, i := range ids {
+		o := all[i]
 		var err error
 		switch o.Kind {
 		case OpFail:
-			errs = append(errs, opError(o))
-			continue
+			continue // reported as planned
 		case OpDeleteDevice:
 			err = deleteDevice(h, o)
+			s.Deleted(o.Device)
 		case OpCreateDevice:
 			index, err = createDevice(h, o)
 			if err != nil {
-				fail(o, err)
-				return skipRest(errs, ops, o, err)
+				fail(i, err)
+				for _, j := range ids[k+1:] {
+					if all[j].Kind != OpFail {
+						fail(j, fmt.Errorf("skipped: %w", err))
+					}
+				}
+				return
 			}
-			setDevice(&cfg, o.Want, []string{"private key", "listen port", "fwmark"})
-			cfgOps = append(cfgOps, o)
+			s.Created(o.Device, index)
+			setDevice(&cfg, o.Want, deviceFields)
+			cfgOps = append(cfgOps, i)
 			up = true
 		case OpMarkDevice:
 			index = o.Old.Index
@@ -103,17 +138,17 @@ func applyDevice(h *Handle, ops []Op) error {
 				index = o.Old.Index
 			}
 			if index == 0 {
-				index, err = indexOf(h, o.Device)
+				index, err = s.LinkIndex(o.Device)
 			}
 			if err == nil {
 				err = addr(h, o, index)
 			}
 		case OpSetDevice:
-			setDevice(&cfg, o.Want, o.Changes)
-			cfgOps = append(cfgOps, o)
+			setDevice(&cfg, o.Want, o.Fields)
+			cfgOps = append(cfgOps, i)
 		case OpAddPeer, OpUpdatePeer, OpRemovePeer:
 			cfg.Peers = append(cfg.Peers, peerConfig(o))
-			cfgOps = append(cfgOps, o)
+			cfgOps = append(cfgOps, i)
 		case OpSetUp:
 			up = true
 			if index == 0 {
@@ -121,73 +156,73 @@ func applyDevice(h *Handle, ops []Op) error {
 			}
 		}
 		if err != nil {
-			fail(o, err)
+			fail(i, err)
 		}
 	}
 	if len(cfgOps) > 0 {
-		errs = append(errs, configure(h, ops[0].Device, cfg, cfgOps))
+		configure(h, name, cfg, all, cfgOps, r)
 	}
-	if up {
-		if index == 0 {
-			var err error
-			if index, err = indexOf(h, ops[0].Device); err != nil {
-				return errors.Join(append(errs, fmt.Errorf("wireguard %s: up: %w", ops[0].Device, err))...)
+	if !up {
+		return
+	}
+	upErr := func(err error) {
+		// Reported on the op that brought the device up (its creation, or
+		// the up op).
+		for _, i := range ids {
+			if k := all[i].Kind; k == OpCreateDevice || k == OpSetUp {
+				if r[i].Err == nil {
+					r[i].Err = fmt.Errorf("wireguard %s: up: %w", name, err)
+				}
+				return
 			}
 		}
-		h.Host.Wrote(1)
-		if err := h.Host.NL().LinkSetUp(link(index)); err != nil {
-			errs = append(errs, fmt.Errorf("wireguard %s: up: %w", ops[0].Device, err))
+	}
+	if index == 0 {
+		var err error
+		if index, err = s.LinkIndex(name); err != nil || index == 0 {
+			if err == nil {
+				err = errors.New("link not found")
+			}
+			upErr(err)
+			return
 		}
 	}
-	return errors.Join(errs...)
-}
-
-// skipRest reports every op after the failed creation as skipped.
-func skipRest(errs []error, ops []Op, failed Op, err error) error {
-	after := false
-	for _, o := range ops {
-		if after && o.Kind != OpFail {
-			errs = append(errs, fmt.Errorf("%s: skipped: %w", o.Object(), err))
-		} else if after {
-			errs = append(errs, opError(o))
-		}
-		if o.Kind == failed.Kind && o.Device == failed.Device {
-			after = true
-		}
+	h.Host.Wrote(1)
+	if err := h.Host.NL().LinkSetUp(link(index)); err != nil {
+		upErr(err)
 	}
-	return errors.Join(errs...)
 }
 
-// configure writes the device settings and every peer op in one wgctrl
-// call (the kernel client splits it into as few messages as fit). If that
-// fails, each op is written on its own, so the error names the peers that
-// really failed and the others still land: adds are written with
-// ReplaceAllowedIPs and removes of absent peers are no-ops, so writing an op
-// twice is harmless.
-func configure(h *Handle, name string, cfg wgtypes.Config, ops []Op) error {
+// configure writes the device settings and every peer op in as few
+// wgctrl calls as wgctrl sends as one message each (writeChunked). If that
+// fails, each op is written on its own, so the report names the peers
+// that really failed and the others still land: adds are written with
+// ReplaceAllowedIPs and removes of absent peers are no-ops, so writing an
+// op twice is harmless.
+func configure(h *Handle, name string, cfg wgtypes.Config, all []Op, ids []int, r plan.Report) {
 	err := writeChunked(h, name, cfg)
-	if err == nil || len(ops) == 1 {
-		if err != nil {
-			return fmt.Errorf("%s: %w", ops[0].Object(), err)
-		}
-		return nil
+	if err == nil {
+		return
 	}
-	var errs []error
-	for _, o := range ops {
+	if len(ids) == 1 {
+		r[ids[0]].Err = fmt.Errorf("%s: %w", all[ids[0]].Object(), err)
+		return
+	}
+	for _, i := range ids {
+		o := all[i]
 		var one wgtypes.Config
 		switch o.Kind {
 		case OpCreateDevice:
-			setDevice(&one, o.Want, []string{"private key", "listen port", "fwmark"})
+			setDevice(&one, o.Want, deviceFields)
 		case OpSetDevice:
-			setDevice(&one, o.Want, o.Changes)
+			setDevice(&one, o.Want, o.Fields)
 		default:
 			one.Peers = []wgtypes.PeerConfig{peerConfig(o)}
 		}
 		if err := h.configure(name, one); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", o.Object(), err))
+			r[i].Err = fmt.Errorf("%s: %w", o.Object(), err)
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // Chunk limits for one wgctrl call: wgctrl sends a config of more than 32
@@ -225,16 +260,16 @@ func writeChunked(h *Handle, name string, cfg wgtypes.Config) error {
 	return nil
 }
 
-func setDevice(cfg *wgtypes.Config, d Device, changes []string) {
-	if has(changes, "private key") {
+func setDevice(cfg *wgtypes.Config, d Device, f Field) {
+	if f.Has(FieldPrivateKey) {
 		k := wgtypes.Key(d.PrivateKey)
 		cfg.PrivateKey = &k
 	}
-	if has(changes, "listen port") && d.ListenPort != 0 {
+	if f.Has(FieldListenPort) && d.ListenPort != 0 {
 		port := d.ListenPort
 		cfg.ListenPort = &port
 	}
-	if has(changes, "fwmark") {
+	if f.Has(FieldFwMark) {
 		mark := d.FwMark
 		cfg.FirewallMark = &mark
 	}
@@ -251,18 +286,18 @@ func peerConfig(o Op) wgtypes.PeerConfig {
 	case OpUpdatePeer:
 		pc.UpdateOnly = true
 	}
-	if (all || has(o.Changes, "endpoint")) && o.Endpoint.IsValid() {
+	if (all || o.Fields.Has(FieldEndpoint)) && o.Endpoint.IsValid() {
 		pc.Endpoint = net.UDPAddrFromAddrPort(o.Endpoint)
 	}
-	if all || has(o.Changes, "keepalive") {
+	if all || o.Fields.Has(FieldKeepalive) {
 		ka := p.Keepalive
 		pc.PersistentKeepaliveInterval = &ka
 	}
-	if (all && !p.PresharedKey.IsZero()) || has(o.Changes, "preshared key") {
+	if (all && !p.PresharedKey.IsZero()) || o.Fields.Has(FieldPresharedKey) {
 		k := wgtypes.Key(p.PresharedKey)
 		pc.PresharedKey = &k
 	}
-	if all || has(o.Changes, "allowed IPs") {
+	if all || o.Fields.Has(FieldAllowedIPs) {
 		pc.ReplaceAllowedIPs = true
 		for _, a := range p.AllowedIPs {
 			pc.AllowedIPs = append(pc.AllowedIPs, ipNet(a))
@@ -316,8 +351,15 @@ func deleteDevice(h *Handle, o Op) error {
 func createDevice(h *Handle, o Op) (int, error) {
 	switch o.Impl {
 	case ImplKernel:
-		if err := h.Host.LinkCreate(host.LinkSpec{Name: o.Device, Kind: "wireguard", MTU: mtuOf(o.Want)}); err != nil {
+		made, err := h.Host.LinkCreate(host.LinkSpec{Name: o.Device, Kind: "wireguard", MTU: mtuOf(o.Want)})
+		if err != nil {
 			return 0, fmt.Errorf("create: %w", err)
+		}
+		if made.Index != 0 {
+			if err := h.Host.LinkMark(made.Index); err != nil {
+				return made.Index, fmt.Errorf("mark: %w", err)
+			}
+			return made.Index, nil
 		}
 	case ImplUserspace:
 		if h.Userspace == nil {

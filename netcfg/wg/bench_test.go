@@ -74,14 +74,15 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 			}
 			d := wgDesired(b, c, cache)
 			t1 := time.Now()
-			o, err := wg.Observe(context.Background(), h, d)
+			o, err := wg.Observe(context.Background(), h, h.Host.Snapshot(), d)
 			if err != nil {
 				b.Fatal(err)
 			}
 			t2 := time.Now()
 			p := wg.MakePlan(d, o)
 			t3 := time.Now()
-			if _, err := wg.Apply(context.Background(), h, p); err != nil {
+			if _, rep := wg.Apply(context.Background(), h, h.Host.Snapshot(), p); rep.Err() != nil {
+				err := rep.Err()
 				b.Fatal(err)
 			}
 			phases += fmt.Sprintf("  config+register %v, observe %v, plan %v, apply %v\n", t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), time.Since(t3))
@@ -124,7 +125,7 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		var noopMem time.Duration
 		for j := 0; j < 5; j++ {
 			s := time.Now()
-			o, err := wg.Observe(context.Background(), h, d)
+			o, err := wg.Observe(context.Background(), h, h.Host.Snapshot(), d)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -151,6 +151,7 @@ func (h *Handle) wgClient() (*wgctrl.Client, error) {
 
 // device reads one device, or reports os.ErrNotExist.
 func (h *Handle) device(name string) (*wgtypes.Device, error) {
+	h.Host.Dumped(host.DumpWireGuard)
 	c, err := h.wgClient()
 	if err != nil {
 		return nil, err

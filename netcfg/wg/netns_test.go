@@ -131,13 +131,14 @@ func wgDesired(t testing.TB, c *config.Config, cache *register.Cache) wg.Desired
 func (l *lab) sync(h *wg.Handle, d wg.Desired, allowFail bool) (wg.Plan, error) {
 	l.t.Helper()
 	ctx := context.Background()
-	o, err := wg.Observe(ctx, h, d)
+	o, err := wg.Observe(ctx, h, h.Host.Snapshot(), d)
 	if err != nil {
 		l.t.Fatalf("observe: %v", err)
 	}
 	p := wg.MakePlan(d, o)
 	l.record(p.String())
-	_, err = wg.Apply(ctx, h, p)
+	_, rep := wg.Apply(ctx, h, h.Host.Snapshot(), p)
+	err = rep.Err()
 	if err != nil {
 		l.record(err.Error())
 		if !allowFail {
@@ -151,7 +152,7 @@ func (l *lab) sync(h *wg.Handle, d wg.Desired, allowFail bool) (wg.Plan, error) 
 // status returns the status of d as observed now, recording its JSON.
 func (l *lab) status(h *wg.Handle, d wg.Desired) []wg.DeviceState {
 	l.t.Helper()
-	o, err := wg.Observe(context.Background(), h, d)
+	o, err := wg.Observe(context.Background(), h, h.Host.Snapshot(), d)
 	if err != nil {
 		l.t.Fatalf("observe: %v", err)
 	}

@@ -14,10 +14,10 @@ import (
 
 // Observe reads the devices that matter to d: every device it names, every
 // WireGuard device nodeagent owns, with their addresses and peers; and it
-// resolves every configured endpoint. It costs one link dump, one address
-// dump (only when there are devices), one wgctrl read per device and the
-// look-ups the resolver cache does not answer.
-func Observe(ctx context.Context, h *Handle, d Desired) (Observed, error) {
+// resolves every configured endpoint. Links and addresses come from the
+// sync's snapshot s (shared with the other subsystems); it costs one wgctrl
+// read per device and the look-ups the resolver cache does not answer.
+func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Observed, error) {
 	o := Observed{
 		Devices:   map[string]ObservedDevice{},
 		Resolved:  map[string]Resolved{},
@@ -25,7 +25,7 @@ func Observe(ctx context.Context, h *Handle, d Desired) (Observed, error) {
 		Userspace: h.Userspace != nil,
 		Time:      h.now(),
 	}
-	links, err := h.Host.LinkList()
+	links, err := s.Links()
 	if err != nil {
 		return Observed{}, err
 	}
@@ -55,7 +55,7 @@ func Observe(ctx context.Context, h *Handle, d Desired) (Observed, error) {
 		keep[l.Index] = l.Name
 	}
 	if len(keep) > 0 {
-		addrs, err := h.Host.AddrList()
+		addrs, err := s.Addrs()
 		if err != nil {
 			return Observed{}, err
 		}

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/nodeagent/nodeagent/netcfg/peerlive"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -90,18 +89,18 @@ func planDevice(d Device, o Observed) []Op {
 			ops = append(ops, Op{Kind: OpDelAddr, Device: d.Name, Addr: a.Prefix})
 		}
 	}
-	var changes []string
+	var fields Field
 	if d.PrivateKey != od.PrivateKey {
-		changes = append(changes, fmt.Sprintf("private key (public key %s -> %s)", od.PublicKey, d.PrivateKey.PublicKey()))
+		fields |= FieldPrivateKey
 	}
 	if d.ListenPort != 0 && d.ListenPort != od.ListenPort {
-		changes = append(changes, fmt.Sprintf("listen port %d -> %d", od.ListenPort, d.ListenPort))
+		fields |= FieldListenPort
 	}
 	if d.FwMark != od.FwMark {
-		changes = append(changes, fmt.Sprintf("fwmark %#x -> %#x", od.FwMark, d.FwMark))
+		fields |= FieldFwMark
 	}
-	if len(changes) > 0 {
-		ops = append(ops, Op{Kind: OpSetDevice, Device: d.Name, Want: d, Old: od, Changes: changes})
+	if fields != 0 {
+		ops = append(ops, Op{Kind: OpSetDevice, Device: d.Name, Want: d, Old: od, Fields: fields})
 	}
 	ops = append(ops, planPeers(d, od, o)...)
 	if !od.Up {
@@ -184,8 +183,8 @@ func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 			ops = append(ops, Op{Kind: OpAddPeer, Device: d.Name, PeerID: p.PublicKey, Peer: p, Endpoint: ep})
 			continue
 		}
-		if changes := peerChanges(p, ep, op, o); len(changes) > 0 {
-			ops = append(ops, Op{Kind: OpUpdatePeer, Device: d.Name, PeerID: p.PublicKey, Peer: p, Endpoint: ep, Changes: changes})
+		if fields := peerChanges(p, ep, op, o); fields != 0 {
+			ops = append(ops, Op{Kind: OpUpdatePeer, Device: d.Name, PeerID: p.PublicKey, Peer: p, Endpoint: ep, Fields: fields, OldPeer: op})
 		}
 	}
 	return ops
@@ -200,8 +199,8 @@ func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 // host name is re-pointed when it resolves elsewhere and the peer has not
 // completed a handshake in peerlive.Stale (so a live session on an address
 // the name no longer gives stays up until it fails).
-func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) []string {
-	var changes []string
+func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) Field {
+	var f Field
 	if ep.IsValid() && ep != op.Endpoint {
 		literal := false
 		if ap, err := netip.ParseAddrPort(p.Endpoint); err == nil && ap == ep {
@@ -209,19 +208,19 @@ func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) []strin
 		}
 		stale := peerlive.IsStale(op.LastHandshake, o.Time)
 		if literal || stale || !op.Endpoint.IsValid() {
-			changes = append(changes, fmt.Sprintf("endpoint %s -> %s", endpointText(op.Endpoint), ep))
+			f |= FieldEndpoint
 		}
 	}
 	if p.Keepalive != op.Keepalive {
-		changes = append(changes, fmt.Sprintf("keepalive %s -> %s", op.Keepalive, p.Keepalive))
+		f |= FieldKeepalive
 	}
 	if p.PresharedKey != op.PresharedKey {
-		changes = append(changes, "preshared key")
+		f |= FieldPresharedKey
 	}
 	if !slices.Equal(p.AllowedIPs, op.AllowedIPs) {
-		changes = append(changes, fmt.Sprintf("allowed IPs %s -> %s", joinPrefixes(op.AllowedIPs), joinPrefixes(p.AllowedIPs)))
+		f |= FieldAllowedIPs
 	}
-	return changes
+	return f
 }
 
 func endpointText(ap netip.AddrPort) string {
@@ -229,9 +228,4 @@ func endpointText(ap netip.AddrPort) string {
 		return "(none)"
 	}
 	return ap.String()
-}
-
-// has reports whether the change list holds a change of this name.
-func has(changes []string, name string) bool {
-	return slices.ContainsFunc(changes, func(c string) bool { return strings.HasPrefix(c, name) })
 }

@@ -210,10 +210,10 @@ type Op struct {
 	PeerID wgtypes.Key // for peer ops
 	// Endpoint is the resolved endpoint to set, zero for none.
 	Endpoint netip.AddrPort
-	// Changes lists what an update changes, for the plan text: each is one
-	// of "endpoint", "keepalive", "preshared key", "allowed IPs",
-	// "private key", "listen port", "fwmark".
-	Changes []string
+	// Fields are what an update changes (OpSetDevice, OpUpdatePeer).
+	Fields Field
+	// OldPeer is the peer as observed, for an update's plan text.
+	OldPeer ObservedPeer
 	Detail  string // the text after the object, for plan lines
 	Failed  bool   // for OpFail: a failure, not a wait
 	// Skipped marks an OpFail for one peer (or register entry) left out of
@@ -225,6 +225,26 @@ type Op struct {
 	// implementation could run, in a process that cannot host it.
 	NoHost bool
 }
+
+// Field is one setting an update changes; a Field value is a set of them.
+type Field uint16
+
+// The settings, in the order the plan text names them.
+const (
+	FieldPrivateKey Field = 1 << iota
+	FieldListenPort
+	FieldFwMark
+	FieldEndpoint
+	FieldKeepalive
+	FieldPresharedKey
+	FieldAllowedIPs
+)
+
+// Has reports whether f holds x.
+func (f Field) Has(x Field) bool { return f&x != 0 }
+
+// deviceFields are the settings a new device is written with.
+const deviceFields = FieldPrivateKey | FieldListenPort | FieldFwMark
 
 // Action is the first column of a plan line.
 func (o Op) Action() byte {
@@ -279,7 +299,7 @@ func (o Op) String() string {
 	case OpSetUp:
 		s += " down -> up"
 	case OpSetDevice, OpUpdatePeer:
-		s += " " + strings.Join(o.Changes, ", ")
+		s += " " + strings.Join(o.changes(), ", ")
 	case OpAddPeer:
 		s += " " + describePeer(o.Peer, o.Endpoint)
 	}
@@ -287,6 +307,35 @@ func (o Op) String() string {
 		s += ": " + o.Detail
 	}
 	return string(o.Action()) + " " + s
+}
+
+// changes says what an update changes, with the old and new values (no
+// key but a public one).
+func (o Op) changes() []string {
+	var out []string
+	f := o.Fields
+	if f.Has(FieldPrivateKey) {
+		out = append(out, fmt.Sprintf("private key (public key %s -> %s)", o.Old.PublicKey, o.Want.PrivateKey.PublicKey()))
+	}
+	if f.Has(FieldListenPort) {
+		out = append(out, fmt.Sprintf("listen port %d -> %d", o.Old.ListenPort, o.Want.ListenPort))
+	}
+	if f.Has(FieldFwMark) {
+		out = append(out, fmt.Sprintf("fwmark %#x -> %#x", o.Old.FwMark, o.Want.FwMark))
+	}
+	if f.Has(FieldEndpoint) {
+		out = append(out, fmt.Sprintf("endpoint %s -> %s", endpointText(o.OldPeer.Endpoint), o.Endpoint))
+	}
+	if f.Has(FieldKeepalive) {
+		out = append(out, fmt.Sprintf("keepalive %s -> %s", o.OldPeer.Keepalive, o.Peer.Keepalive))
+	}
+	if f.Has(FieldPresharedKey) {
+		out = append(out, "preshared key")
+	}
+	if f.Has(FieldAllowedIPs) {
+		out = append(out, fmt.Sprintf("allowed IPs %s -> %s", joinPrefixes(o.OldPeer.AllowedIPs), joinPrefixes(o.Peer.AllowedIPs)))
+	}
+	return out
 }
 
 func describePeer(p Peer, ep netip.AddrPort) string {

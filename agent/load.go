@@ -1,0 +1,168 @@
+package agent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/kube"
+	"github.com/nodeagent/nodeagent/netcfg"
+	"github.com/nodeagent/nodeagent/netcfg/config"
+)
+
+// load reads and validates the config and derives the desired state,
+// replacing the running one only when all of it is valid. The reading
+// (config, registers, key files) runs off the loop with a deadline: a file
+// on a wedged filesystem must not stop convergence of what is loaded.
+func (d *Daemon) load() error {
+	r, err := d.read()
+	if err != nil {
+		return err
+	}
+	if u := Unsupported(r.cfg); len(u) > 0 {
+		return &InvalidError{fmt.Errorf("%s: uses sections this build cannot converge yet: %s", d.o.Config, strings.Join(u, ", "))}
+	}
+	sum := sha256.Sum256(r.raw)
+	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(sum[:8])
+	d.want.Store(interestOf(r.des))
+	return nil
+}
+
+// loaded is what one read of the config produced.
+type loaded struct {
+	cfg *config.Config
+	des netcfg.Desired
+	raw []byte
+	err error
+}
+
+// loadDeadline bounds how long the loop waits for the config, its
+// registers and key files to be read (local files take milliseconds).
+const loadDeadline = 10 * time.Second
+
+// read reads the config in a goroutine and waits for it up to
+// loadDeadline. A read that overruns is not abandoned: the next read
+// waits for it rather than start another, and whatever it returns then is
+// followed by a fresh read, since the files may have changed meanwhile.
+func (d *Daemon) read() (loaded, error) {
+	stale := d.reading != nil
+	if !stale {
+		ch := make(chan loaded, 1)
+		o := d.o.Options
+		go func() {
+			c, des, raw, err := load(o)
+			ch <- loaded{c, des, raw, err}
+		}()
+		d.reading = ch
+	}
+	select {
+	case r := <-d.reading:
+		d.reading = nil
+		if stale {
+			d.kickNow(trigConfig)
+		}
+		return r, r.err
+	case <-time.After(loadDeadline):
+		return loaded{}, fmt.Errorf("reading %s and its peer registers and key files did not finish within %s (a file on a filesystem that does not answer?); the running config stays", d.o.Config, loadDeadline)
+	}
+}
+
+func interestOf(des netcfg.Desired) *interest {
+	in := &interest{names: map[string]bool{}}
+	for _, l := range des.Link.Links {
+		in.names[l.Name] = true
+		in.names[l.Parent] = true
+	}
+	for _, dev := range des.WG.Devices {
+		in.names[dev.Name] = true
+	}
+	return in
+}
+
+// reload re-reads the config. An invalid one is rejected whole: nothing
+// changes, the running config stays, and status says which file and line.
+func (d *Daemon) reload(why trigger) {
+	if why != trigResync {
+		// systemd wants READY=1 again once a reload is done.
+		d.notify.Reloading()
+		defer func() {
+			if d.ready {
+				d.notify.Ready(d.summary())
+			} else {
+				d.notify.Status(d.summary())
+			}
+		}()
+	}
+	old := d.hash
+	err := d.load()
+	var invalid *InvalidError
+	switch {
+	case errors.As(err, &invalid):
+		lines := capLines(errorLines(invalid.Err), maxRejectedLines, "nodeagent validate -c "+d.o.Config+" lists the rest")
+		d.log.Error("config rejected; the running config stays", "file", d.o.Config, "errors", strings.Join(lines, "; "))
+		d.mu.Lock()
+		d.status.LastRejected = &api.Rejected{Time: time.Now().UTC(), File: d.o.Config, Errors: lines}
+		d.mu.Unlock()
+		d.setCondition(api.CondConfigLoaded, api.False, "Rejected", fmt.Sprintf("%s rejected, running config %s: %s", d.o.Config, old, lines[0]))
+		d.refreshHealth()
+	case err != nil:
+		d.log.Error("config unreadable; the running config stays", "err", err)
+		d.setCondition(api.CondConfigLoaded, api.False, "Unreadable", err.Error())
+		d.refreshHealth()
+	default:
+		if d.hash != old {
+			d.log.Info("config loaded", "hash", d.hash, "trigger", why.String())
+		}
+		d.setCondition(api.CondConfigLoaded, api.True, "Loaded", "config "+d.hash)
+		d.refreshHealth()
+		if kc, err := kube.FromConfig(d.cfg); err == nil && d.labeler != nil {
+			d.labeler.SetConfig(kc)
+		}
+		if d.files != nil {
+			d.files.set(d.peerDirs(), d.log)
+		}
+	}
+}
+
+// errorLines lists a rejected config's problems, one per line: each
+// config.FieldError of its ErrorLists, and any other error whole.
+func errorLines(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		switch x := e.(type) {
+		case nil:
+		case config.ErrorList:
+			for _, fe := range x.Sorted() {
+				out = append(out, fe.Error())
+			}
+		case interface{ Unwrap() []error }:
+			for _, y := range x.Unwrap() {
+				walk(y)
+			}
+		default:
+			out = append(out, e.Error())
+		}
+	}
+	walk(err)
+	if len(out) == 0 {
+		out = []string{"rejected"}
+	}
+	return out
+}
+
+// maxRejectedLines bounds the errors a rejected reload keeps in status and
+// the log: the first ones say what to fix.
+const maxRejectedLines = 20
+
+// capLines keeps the first n lines and a last one counting the rest.
+func capLines(lines []string, n int, rest string) []string {
+	if len(lines) <= n {
+		return lines
+	}
+	return append(lines[:n:n], fmt.Sprintf("and %d more; %s", len(lines)-n, rest))
+}

@@ -1,0 +1,222 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+)
+
+// trigger is why a sync runs.
+type trigger int
+
+// The triggers. Their names are api.Sync.Trigger's and the metrics'.
+const (
+	trigNone   trigger = iota
+	trigStart          // the first sync
+	trigConfig         // the config file or a peersDir changed
+	trigSignal         // SIGHUP
+	trigAPI            // a reload asked over the API
+	trigEvent          // a kernel event about an owned object, or WireGuard drift seen by the poll
+	trigResync         // the periodic resync, or lost kernel events
+	trigRetry          // after a failed sync
+	trigReload         // the sync after a reload asked over the API (the config is read already)
+)
+
+func (t trigger) String() string {
+	switch t {
+	case trigStart:
+		return "start"
+	case trigConfig:
+		return "config"
+	case trigSignal:
+		return "signal"
+	case trigAPI:
+		return "api"
+	case trigEvent:
+		return "event"
+	case trigResync:
+		return "resync"
+	case trigRetry:
+		return "retry"
+	case trigReload:
+		return "reload"
+	}
+	return ""
+}
+
+// rereads reports whether the sync re-reads the config first.
+func (t trigger) rereads() bool {
+	return t == trigConfig || t == trigSignal || t == trigAPI || t == trigResync
+}
+
+// merge keeps the most telling trigger of a debounced burst: a config
+// change beats the rest, so the burst re-reads the config.
+func merge(have, why trigger) trigger {
+	for _, t := range []trigger{trigConfig, trigSignal, trigAPI, trigStart} {
+		if have == t || why == t {
+			return t
+		}
+	}
+	if have != trigNone {
+		return have
+	}
+	return why
+}
+
+// loop is the one goroutine that converges. It also sends the systemd
+// watchdog ping, so a wedged loop stops the pings and systemd notices.
+func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
+	resync := time.NewTicker(d.o.Resync)
+	defer resync.Stop()
+	wgPoll := time.NewTicker(d.o.WGPoll)
+	defer wgPoll.Stop()
+	var watchdog <-chan time.Time
+	if iv := d.notify.WatchdogInterval(); iv > 0 {
+		t := time.NewTicker(iv / 2)
+		defer t.Stop()
+		watchdog = t.C
+	}
+	// The debounce timer is armed by the first trigger and never pushed
+	// back by the ones after it: a stream of harmless events (a watched
+	// link's txqueuelen changed every 30 ms) must not starve the sync that
+	// puts a deleted kill switch back. A trigger that wants a sync sooner
+	// (a resync, a retry) may bring it forward.
+	debounce := time.NewTimer(0) // the start-up sync
+	due := time.Now()
+	arm := func(after time.Duration) {
+		at := time.Now().Add(after)
+		if !due.IsZero() && !at.Before(due) {
+			return
+		}
+		due = at
+		debounce.Reset(after)
+	}
+	pending := trigStart
+	var retry <-chan time.Time
+	for {
+		d.alive.Store(time.Now().UnixNano())
+		select {
+		case <-ctx.Done():
+			d.notify.Stopping()
+			d.log.Info("stopping; kernel state left in place")
+			return nil
+		case <-watchdog:
+			d.notify.Watchdog()
+		case why := <-d.kick:
+			pending = merge(pending, why)
+			arm(d.o.Debounce)
+		case dur := <-d.stall:
+			d.log.Warn("test hook: wedging the reconcile loop", "for", dur)
+			time.Sleep(dur)
+		case s := <-sig:
+			if s == syscall.SIGUSR2 {
+				d.stall <- time.Minute
+				continue
+			}
+			pending = merge(pending, trigSignal)
+			arm(d.o.Debounce)
+		case <-resync.C:
+			pending = merge(pending, trigResync)
+			arm(0)
+		case <-retry:
+			retry = nil
+			pending = merge(pending, trigRetry)
+			arm(0)
+		case <-wgPoll.C:
+			if d.wgDrifted(ctx) {
+				pending = merge(pending, trigEvent)
+				arm(0)
+			}
+		case r := <-d.reqs:
+			r.serve(ctx, d)
+		case <-debounce.C:
+			due = time.Time{}
+			if pending == trigNone {
+				continue
+			}
+			why := pending
+			pending = trigNone
+			if err := d.sync(ctx, why); err != nil {
+				d.failures++
+				backoff := min(time.Second<<min(d.failures-1, 5), maxBackoff)
+				retry = time.After(backoff)
+				d.log.Warn("sync failed; retrying", "in", backoff, "err", err)
+			} else {
+				d.failures = 0
+			}
+		}
+	}
+}
+
+// wgDrifted reports whether a WireGuard device's peers differ from the
+// desired state: the kernel sends no event when someone runs `wg set`.
+func (d *Daemon) wgDrifted(ctx context.Context) bool {
+	if len(d.desired.WG.Devices) == 0 {
+		return false
+	}
+	p, err := d.cv.PlanWG(ctx, d.desired)
+	return err == nil && p.Writes()
+}
+
+// request is an API call the loop answers, so that only the loop goroutine
+// ever touches the converger.
+type request interface {
+	serve(ctx context.Context, d *Daemon)
+}
+
+// planRequest asks what a sync would change now.
+type planRequest struct{ reply chan<- api.Plan }
+
+func (r planRequest) serve(ctx context.Context, d *Daemon) {
+	p, err := d.cv.Plan(ctx, d.desired)
+	out := api.Plan{Lines: p.Report().Lines()}
+	if err != nil {
+		out.Error = err.Error()
+	}
+	r.reply <- out
+}
+
+// reloadRequest asks for the config to be read again and, if it is
+// accepted, a sync.
+type reloadRequest struct{ reply chan<- api.Reload }
+
+func (r reloadRequest) serve(ctx context.Context, d *Daemon) {
+	old := d.hash
+	d.reload(trigAPI)
+	d.mu.Lock()
+	rej := d.status.LastRejected
+	d.mu.Unlock()
+	res := api.Reload{Applied: true, ConfigHash: d.hash}
+	if c := d.condition(api.CondConfigLoaded); c != nil && c.Status == api.False {
+		res.Applied = false
+		if rej != nil {
+			res.Errors = rej.Errors
+		}
+	}
+	r.reply <- res
+	if res.Applied {
+		if err := d.sync(ctx, trigReload); err != nil {
+			d.log.Warn("sync after reload", "err", err, "previous", old)
+		}
+	}
+}
+
+// ask sends a request made by mk to the loop and waits for its answer.
+func ask[T any](ctx context.Context, d *Daemon, mk func(chan T) request) (T, error) {
+	reply := make(chan T, 1)
+	var zero T
+	select {
+	case d.reqs <- mk(reply):
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+	select {
+	case v := <-reply:
+		return v, nil
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}

@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/netcfg"
+)
+
+// sync is one pass: re-read the config if the trigger asks for it,
+// observe once and plan once, let safe apply decide on that plan, apply
+// exactly it, and publish what became of it and the state it reached.
+func (d *Daemon) sync(ctx context.Context, why trigger) error {
+	start := time.Now()
+	if why.rereads() {
+		d.reload(why)
+	}
+	des := d.desired
+	if d.hash == d.badHash && d.lastGood != nil {
+		// Rolled back: keep the previous state until the config changes.
+		des = *d.lastGood
+	}
+	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
+	if d.beforeApply != nil {
+		d.beforeApply()
+	}
+	res := d.apply(ctx, des, p)
+	if why == trigStart || why == trigResync {
+		d.checkARP(ctx)
+	}
+	failed := d.publish(why, start, res)
+	if len(failed) > 0 {
+		return errors.Join(failed...)
+	}
+	if !d.ready {
+		d.ready = true
+		d.notify.Ready(d.summary())
+	} else {
+		d.notify.Status(d.summary())
+	}
+	return nil
+}
+
+// apply carries out p, planned for des, with safe apply around a plan
+// that touches links, routes, rules, nftables or WireGuard devices: the
+// probes that pass before it are run again after it, and one that fails
+// rolls back to the last good state. Safe apply decides on p itself, and
+// what is applied is p.
+func (d *Daemon) apply(ctx context.Context, des netcfg.Desired, p netcfg.Plans) netcfg.Result {
+	if p.Empty() {
+		return netcfg.Result{Report: p.Report(), Applied: p, Post: p}
+	}
+	var probes []Probe
+	passed := map[string]bool{}
+	if d.cfg.Checks.SafeApplyOn() && p.Touches() && d.lastGood != nil && d.hash != d.badHash {
+		probes = Probes(d.host, d.cfg)
+		failedBefore := runProbes(ctx, probes)
+		for _, pr := range probes {
+			passed[pr.Name] = failedBefore[pr.Name] == nil
+		}
+	}
+	res := d.cv.Apply(ctx, p)
+	if len(passed) > 0 {
+		deadline := d.cfg.Checks.ProbeDeadline
+		if deadline == 0 {
+			deadline = 10 * time.Second
+		}
+		if name, perr := recheck(ctx, probes, passed, deadline); name != "" {
+			d.log.Error("safe apply: a probe that passed before the change fails after it; rolling back", "probe", name, "err", perr, "config", d.hash)
+			// The rollback is a plan of its own, against the state the
+			// change reached.
+			bp, _ := d.cv.Plan(ctx, *d.lastGood)
+			back := d.cv.Apply(ctx, bp)
+			d.badHash = d.hash
+			d.metrics.RolledBack(name)
+			d.mu.Lock()
+			d.status.LastRollback = &api.Rollback{Time: time.Now().UTC(), Probe: name, Message: perr.Error(), ConfigHash: d.hash}
+			d.mu.Unlock()
+			d.setCondition(api.CondSafeApply, api.False, "RolledBack", fmt.Sprintf("probe %s failed after applying config %s (%v); rolled back, not retried until the config changes", name, d.hash, perr))
+			return back
+		}
+	}
+	// The state to roll back to is the last config that applied without
+	// breaking a probe, whether or not some object of it failed (a
+	// conflict on one link must not switch safe apply off for good).
+	if d.hash != d.badHash {
+		good := des
+		d.lastGood = &good
+		if d.status.LastRollback != nil {
+			d.setCondition(api.CondSafeApply, api.True, "Applied", "the running config applied with every probe passing")
+		}
+	}
+	return res
+}
+
+// checkARP resolves every checks.arpReachable address and reports the
+// ARPReachable condition (the seeds' outage: a node that could not ARP a
+// VIP it announced itself).
+func (d *Daemon) checkARP(ctx context.Context) {
+	probes := ARPProbes(d.host, d.cfg)
+	if len(probes) == 0 {
+		return
+	}
+	failed := runProbes(ctx, probes)
+	if len(failed) == 0 {
+		d.setCondition(api.CondARPReachable, api.True, "Resolved", fmt.Sprintf("%d address(es) answer ARP", len(probes)))
+		d.refreshHealth()
+		return
+	}
+	var msgs []string
+	for _, p := range probes {
+		if err := failed[p.Name]; err != nil {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	d.setCondition(api.CondARPReachable, api.False, "Unresolved", strings.Join(msgs, "; "))
+	d.refreshHealth()
+}

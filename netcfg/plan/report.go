@@ -1,0 +1,137 @@
+package plan
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/nodeagent/nodeagent/netcfg/host"
+)
+
+// Action is the first column of a plan line.
+type Action byte
+
+// Plan line actions.
+const (
+	Add        Action = '+'
+	Change     Action = '~'
+	Remove     Action = '-'
+	NotApplied Action = '!' // a conflict, a failure, a pending or skipped object
+)
+
+// Subsystem names, as status and metrics know them.
+const (
+	Nftables  = "nftables"
+	Links     = "links"
+	WireGuard = "wireguard"
+	Sysctls   = "sysctls"
+	Routes    = "routes"
+)
+
+// Object kinds, as drift metrics count them.
+const (
+	KindLink          = "link"
+	KindAddress       = "address"
+	KindRoute         = "route"
+	KindRule          = "rule"
+	KindFile          = "file"
+	KindNftables      = "nftables"
+	KindWireGuard     = "wireguard_device"
+	KindWireGuardPeer = "wireguard_peer"
+	KindSysctl        = "sysctl"
+)
+
+// Entry is one line of a plan, and what became of it: the one record that
+// logs, status, metrics, `nodeagent plan` and `apply --once` read.
+type Entry struct {
+	Subsystem string
+	Kind      string
+	Action    Action
+	// Object names what the entry is about, as errors name it: "link
+	// shim0", "rule 1000: from 10.10.50.0/24 lookup 150", "nft table inet
+	// nodeagent".
+	Object string
+	// Text is the plan line, its action first.
+	Text string
+	// Err is why the op cannot be applied ('!'), or how applying it
+	// failed; nil in a dry run and for what was applied. Its text names the
+	// object.
+	Err error
+}
+
+// Pending reports whether the entry waits for another object (a device,
+// a parent link) that a later sync may find.
+func (e Entry) Pending() bool {
+	var pe *host.PendingError
+	return errors.As(e.Err, &pe)
+}
+
+// Skipped reports whether the entry was left out of an object that was
+// converged without it (a peer file that does not parse).
+func (e Entry) Skipped() bool {
+	var se *host.SkippedError
+	return errors.As(e.Err, &se)
+}
+
+// Failed reports whether the entry failed: an error that is neither
+// pending nor skipped.
+func (e Entry) Failed() bool { return e.Err != nil && !e.Pending() && !e.Skipped() }
+
+// Writes reports whether the entry is a change (as opposed to a report).
+func (e Entry) Writes() bool { return e.Action != NotApplied }
+
+// Report is the entries of a sync or a dry run, in the order they are
+// applied.
+type Report []Entry
+
+// String is the plan text, one line per entry.
+func (r Report) String() string {
+	var b strings.Builder
+	for _, e := range r {
+		b.WriteString(e.Text)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// Lines returns the plan text's lines.
+func (r Report) Lines() []string {
+	out := make([]string, len(r))
+	for i, e := range r {
+		out[i] = e.Text
+	}
+	return out
+}
+
+// Errors returns the entries' errors, in order.
+func (r Report) Errors() []error {
+	var out []error
+	for _, e := range r {
+		if e.Err != nil {
+			out = append(out, e.Err)
+		}
+	}
+	return out
+}
+
+// Err joins the entries' errors, nil when there are none.
+func (r Report) Err() error { return errors.Join(r.Errors()...) }
+
+// Writes reports whether any entry is a change.
+func (r Report) Writes() bool {
+	for _, e := range r {
+		if e.Writes() {
+			return true
+		}
+	}
+	return false
+}
+
+// Fail sets err on every entry of r that has none (an op applied as part
+// of a transaction that failed as a whole).
+func (r Report) Fail(err error) {
+	for i := range r {
+		if r[i].Err == nil {
+			r[i].Err = err
+		}
+	}
+}
