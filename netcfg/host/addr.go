@@ -48,7 +48,12 @@ const dumpAttempts = 5
 // interrupted (NLM_F_DUMP_INTR: the table changed while it was read, as
 // when IPv6 finishes DAD on a new link) is incomplete, so it is run again.
 func dump[T any](h *Host, req *nl.NetlinkRequest, typ uint16, parse func([]byte) (T, error)) ([]T, error) {
-	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
+	return dumpOn(h, h.route, req, typ, parse)
+}
+
+// dumpOn is dump on the socket sock.
+func dumpOn[T any](h *Host, sock *nl.SocketHandle, req *nl.NetlinkRequest, typ uint16, parse func([]byte) (T, error)) ([]T, error) {
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: sock}
 	var err error
 	for range dumpAttempts {
 		var out []T

@@ -32,9 +32,13 @@ const (
 
 // Host is a handle on one network namespace.
 type Host struct {
-	ns     netns.NsHandle // netns.None() for the caller's own namespace
-	nl     *netlink.Handle
-	route  *nl.SocketHandle // raw rtnetlink socket for messages vishvananda cannot build
+	ns    netns.NsHandle // netns.None() for the caller's own namespace
+	nl    *netlink.Handle
+	route *nl.SocketHandle // raw rtnetlink socket for messages vishvananda cannot build
+	// strict is an rtnetlink socket with NETLINK_GET_STRICT_CHK, on which
+	// the kernel filters route dumps by table and protocol; nil on a
+	// kernel without it (before 4.20).
+	strict *nl.SocketHandle
 	writes atomic.Int64
 	dumps  dumps
 	// AddrProto reports whether the kernel keeps IFA_PROTO on addresses
@@ -77,6 +81,18 @@ func Open(ns netns.NsHandle) (*Host, error) {
 	}
 	h.route = &nl.SocketHandle{Socket: sock}
 	h.AddrProto = kernelAtLeast(6, 1)
+	if ns.IsOpen() {
+		sock, err = nl.GetNetlinkSocketAt(ns, cur, unix.NETLINK_ROUTE)
+	} else {
+		sock, err = nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
+	}
+	if err == nil {
+		if unix.SetsockoptInt(sock.GetFd(), unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1) == nil {
+			h.strict = &nl.SocketHandle{Socket: sock}
+		} else {
+			sock.Close()
+		}
+	}
 	return h, nil
 }
 
@@ -84,6 +100,9 @@ func Open(ns netns.NsHandle) (*Host, error) {
 func (h *Host) Close() {
 	h.nl.Close()
 	h.route.Close()
+	if h.strict != nil {
+		h.strict.Close()
+	}
 }
 
 // NL returns the netlink handle bound to the namespace. Callers that write

@@ -3,9 +3,11 @@ package route
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/vishvananda/netlink"
@@ -67,12 +69,9 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 	for _, r := range d.Routes {
 		tables[r.Table] = true
 	}
-	h.Dumped(host.DumpRoutes)
-	routes, err := host.Retry(func() ([]netlink.Route, error) {
-		return h.NL().RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	})
+	routes, err := h.RouteList(host.Proto, slices.Sorted(maps.Keys(tables)))
 	if err != nil {
-		return o, fmt.Errorf("dump routes: %w", err)
+		return o, err
 	}
 	for _, r := range routes {
 		owned := int(r.Protocol) == host.Proto

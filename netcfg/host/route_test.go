@@ -1,0 +1,41 @@
+package host_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/nodeagent/nodeagent/testenv"
+)
+
+// TestRouteList: the routes of a protocol in any table and every route of
+// the tables asked for, each once, v4 and v6, tables above 255 included;
+// nothing else.
+func TestRouteList(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	for _, c := range [][]string{
+		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
+		{"link", "set", "d0", "up"},
+		{"route", "add", "10.1.0.0/24", "dev", "d0", "table", "150", "proto", "147"},
+		{"route", "add", "10.2.0.0/24", "dev", "d0", "table", "150"},
+		{"route", "add", "10.3.0.0/24", "dev", "d0", "proto", "147"},
+		{"route", "add", "10.4.0.0/24", "dev", "d0"},
+		{"route", "add", "10.5.0.0/24", "dev", "d0", "table", "1500"},
+		{"route", "add", "10.6.0.0/24", "dev", "d0", "table", "160"},
+		{"-6", "route", "add", "fd00:1::/64", "dev", "d0", "table", "150", "proto", "147"},
+	} {
+		ns.Exec(t, append([]string{"ip"}, c...)...)
+	}
+	rs, err := ns.Host.RouteList(147, []int{150, 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rs {
+		got = append(got, r.Dst.String())
+	}
+	slices.Sort(got)
+	want := []string{"10.1.0.0/24", "10.2.0.0/24", "10.3.0.0/24", "10.5.0.0/24", "fd00:1::/64"}
+	if !slices.Equal(got, want) {
+		t.Errorf("routes %v; want %v", got, want)
+	}
+}
