@@ -97,9 +97,10 @@ type Daemon struct {
 	// forwarding is what the last sync said about forwarding while the
 	// kill switch was down ("" when armed), logged when it changes.
 	forwarding string
-	// beforeApply, when set (by tests), runs between a sync's plan and its
-	// apply.
-	beforeApply func()
+	// beforeApply and afterApply, when set (by tests), run between a
+	// sync's plan and its apply, and after the apply.
+	beforeApply func(netcfg.Plans)
+	afterApply  func(netcfg.Plans, netcfg.Result)
 
 	// stall wedges the loop for the given time (the test hook, also sent
 	// by SIGUSR2 when TestHooks is on).

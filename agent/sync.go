@@ -26,9 +26,12 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	}
 	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
 	if d.beforeApply != nil {
-		d.beforeApply()
+		d.beforeApply(p)
 	}
 	res := d.apply(ctx, des, p)
+	if d.afterApply != nil {
+		d.afterApply(p, res)
+	}
 	if why == trigStart || why == trigResync {
 		d.checkARP(ctx)
 	}
