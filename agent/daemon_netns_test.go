@@ -56,6 +56,13 @@ type running struct {
 // waits for its first full convergence.
 func startDaemon(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOptions)) *running {
 	t.Helper()
+	return launch(t, ns, cfg, tweak, nil)
+}
+
+// launch is startDaemon with hooks, which may set the daemon's test
+// hooks before it runs.
+func launch(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOptions), hooks func(*Daemon)) *running {
+	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	r := &running{log: &syncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
@@ -72,6 +79,9 @@ func startDaemon(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOpt
 		t.Fatalf("daemon: %v", err)
 	}
 	r.d = d
+	if hooks != nil {
+		hooks(d)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- d.Run(ctx) }()

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -16,37 +15,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/plan"
-	"github.com/nodeagent/nodeagent/testenv"
 )
-
-// runDaemon starts a daemon on cfg in ns with hooks set before it runs,
-// and waits for its first convergence.
-func runDaemon(t *testing.T, ns *testenv.NetNS, cfg string, hooks func(*Daemon)) *running {
-	t.Helper()
-	dir := t.TempDir()
-	r := &running{log: &syncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
-	d, err := NewDaemon(RunOptions{
-		Options: Options{Config: cfg, TablesFile: filepath.Join(dir, "rt_tables.conf")},
-		Socket:  r.socket, SocketGroup: "nogroup", Host: ns.Host, Version: "test", Resync: time.Hour,
-		Log: newTestLogger(r.log),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.d = d
-	hooks(d)
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go func() { r.done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		r.stop(t)
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", r.log.String())
-		}
-	})
-	waitFor(t, "first convergence", 60*time.Second, func() bool { return d.Status().Ready })
-	return r
-}
 
 // writes are a report's changes, as plan text.
 func writes(r plan.Report) []string {
@@ -94,7 +63,7 @@ func TestSafeApplyAppliesTheCheckedPlan(t *testing.T) {
 	var armed atomic.Bool
 	type sync struct{ checked, applied []string }
 	syncs := make(chan sync, 8)
-	r := runDaemon(t, l.node, l.cfg, func(d *Daemon) {
+	r := launch(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour }, func(d *Daemon) {
 		var checked []string
 		d.beforeApply = func(p netcfg.Plans) {
 			checked = writes(p.Report())

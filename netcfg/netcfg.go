@@ -147,7 +147,7 @@ func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 	unobserved := func(sub string, err error) {
 		err = fmt.Errorf("%s: %w", sub, err)
 		errs = append(errs, err)
-		p.Unobserved = append(p.Unobserved, plan.Entry{Subsystem: sub, Kind: sub, Action: plan.NotApplied, Object: sub, Text: "! " + err.Error(), Err: err})
+		p.Unobserved = append(p.Unobserved, plan.Failure(sub, err))
 	}
 	if o, err := nft.Observe(ctx, snap, d.Nft); err != nil {
 		unobserved(plan.Nftables, err)
@@ -256,8 +256,7 @@ func (c *Converger) Apply(ctx context.Context, p Plans) Result {
 		sp, res.Forwarding.Held = sp.HoldForwarding("the kill switch is not armed (nftables failed), so forwarding stays off until it is")
 		on, err := sysctl.ForwardingOn(ctx, snap, sp.Desired)
 		if err != nil {
-			res.Report = append(res.Report, plan.Entry{Subsystem: plan.Sysctls, Kind: plan.KindSysctl, Action: plan.NotApplied,
-				Object: "sysctls", Text: "! sysctls: " + err.Error(), Err: fmt.Errorf("sysctls: %w", err)})
+			res.Report = append(res.Report, plan.Failure(plan.Sysctls, fmt.Errorf("sysctls: %w", err)))
 		}
 		res.Forwarding.Unprotected = on
 	}
@@ -276,8 +275,7 @@ func (c *Converger) Apply(ctx context.Context, p Plans) Result {
 func (c *Converger) after(ctx context.Context, p Plans, snap *host.Snapshot, wrote map[string]bool, r *plan.Report) Plans {
 	post := Plans{snap: snap, nftObserved: p.nftObserved}
 	fail := func(sub string, err error) {
-		err = fmt.Errorf("%s: observe after apply: %w", sub, err)
-		*r = append(*r, plan.Entry{Subsystem: sub, Kind: sub, Action: plan.NotApplied, Object: sub, Text: "! " + err.Error(), Err: err})
+		*r = append(*r, plan.Failure(sub, fmt.Errorf("%s: observe after apply: %w", sub, err)))
 	}
 	no, lo, wo, so, ro := p.Nft.Observed, p.Link.Observed, p.WG.Observed, p.Sysctl.Observed, p.Route.Observed
 	var err error

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,6 +80,37 @@ func hog(socket string, n int) {
 	fmt.Printf("closed %d\n", closed)
 }
 
+// testDaemon runs a daemon on cfg in node, serving socket (group
+// nogroup), until stop is called or the test ends.
+func testDaemon(t *testing.T, node *testenv.NetNS, cfg, socket, version string) (*agent.Daemon, func()) {
+	t.Helper()
+	d, err := agent.NewDaemon(agent.RunOptions{
+		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(filepath.Dir(cfg), "rt.conf")},
+		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour, Version: version,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return d, stop
+}
+
+// ctlAt runs nodeagentctl, in this process, against socket.
+func ctlAt(socket string) func(args ...string) (int, string) {
+	return func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		c := &cli{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }, now: time.Now, poll: 20 * time.Millisecond}
+		code := c.run(context.Background(), append([]string{"--socket", socket}, args...))
+		return code, out.String() + errb.String()
+	}
+}
+
 // TestAgainstTheDaemon runs nodeagentctl against a real daemon converging a
 // namespace: status exits 0 when ready, 1 when degraded (a rejected
 // reload), 2 when the daemon is gone; -o json decodes into the API type the
@@ -100,25 +132,8 @@ func TestAgainstTheDaemon(t *testing.T) {
 	good := "dad: {disabled: true}\nmacvlans:\n  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}\nfirewall:\n  masquerade: [{from: 10.10.50.0/24, out: enp1s0}]\n"
 	os.WriteFile(cfg, []byte(good), 0o644)
 	socket := filepath.Join(dir, "nodeagent.sock")
-	var d *agent.Daemon
-	d, err = agent.NewDaemon(agent.RunOptions{
-		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")},
-		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	ctl := func(args ...string) (int, string) {
-		var out, errb bytes.Buffer
-		c := &cli{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }, now: time.Now, poll: 20 * time.Millisecond}
-		code := c.run(context.Background(), append([]string{"--socket", socket}, args...))
-		return code, out.String() + errb.String()
-	}
+	d, stop := testDaemon(t, node, cfg, socket, "")
+	ctl := ctlAt(socket)
 	if code, out := ctl("wait", "--for=ready", "--timeout=30s"); code != 0 {
 		t.Fatalf("wait --for=ready: exit %d\n%s", code, out)
 	}
@@ -186,9 +201,7 @@ func TestAgainstTheDaemon(t *testing.T) {
 		t.Errorf("status after the fix: exit %d\n%s", code, out)
 	}
 	// Unreachable.
-	cancel()
-	<-done
-	done <- nil
+	stop()
 	if code, out := ctl("status"); code != 2 || !strings.Contains(out, "cannot reach nodeagent") {
 		t.Errorf("status with the daemon gone: exit %d\n%s", code, out)
 	}
@@ -209,18 +222,7 @@ func TestIdleConnectionsDoNotLockOutRoot(t *testing.T) {
 	cfg := filepath.Join(dir, "nodeagent.yaml")
 	os.WriteFile(cfg, []byte("sysctls: {net.ipv4.conf.lo.forwarding: \"0\"}\n"), 0o644)
 	socket := filepath.Join(dir, "nodeagent.sock")
-	d, err := agent.NewDaemon(agent.RunOptions{
-		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")},
-		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	testDaemon(t, node, cfg, socket, "")
 	c := api.NewClient(socket)
 	waitCtx, waitCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer waitCancel()

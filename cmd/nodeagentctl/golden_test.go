@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/testenv"
 )
@@ -61,24 +57,8 @@ firewall:
 checks: {gatewayARP: false}
 `), 0o600)
 	socket := filepath.Join(dir, "nodeagent.sock")
-	d, err := agent.NewDaemon(agent.RunOptions{
-		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")},
-		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour, Version: "golden",
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	ctl := func(args ...string) (int, string) {
-		var out, errb bytes.Buffer
-		c := &cli{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }, now: time.Now, poll: 20 * time.Millisecond}
-		code := c.run(context.Background(), append([]string{"--socket", socket}, args...))
-		return code, out.String() + errb.String()
-	}
+	d, _ := testDaemon(t, node, cfg, socket, "golden")
+	ctl := ctlAt(socket)
 	if code, out := ctl("wait", "--for=ready", "--timeout=30s"); code != 0 {
 		t.Fatalf("wait: exit %d\n%s", code, out)
 	}

@@ -15,16 +15,7 @@ import (
 // Apply carries out p (Execute) and returns the state it reached, read
 // again after the transaction, with the report of every line.
 func Apply(ctx context.Context, s *host.Snapshot, p Plan) (Observed, plan.Report) {
-	r := Execute(ctx, s, p)
-	if !r.Writes() {
-		return p.Observed, r
-	}
-	o, err := Observe(ctx, s.After(), p.Desired)
-	if err != nil {
-		return p.Observed, append(r, plan.Entry{Subsystem: plan.Nftables, Kind: plan.KindNftables, Action: plan.NotApplied,
-			Object: "nftables", Text: "! nftables: observe after apply: " + err.Error(), Err: fmt.Errorf("nftables: %w", err)})
-	}
-	return o, r
+	return plan.Applied(plan.Nftables, Execute(ctx, s, p), p.Observed, func() (Observed, error) { return Observe(ctx, s.After(), p.Desired) })
 }
 
 // Execute compiles exactly p's ops into one nftables transaction (one

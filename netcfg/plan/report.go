@@ -2,6 +2,7 @@ package plan
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -134,4 +135,37 @@ func (r Report) Fail(err error) {
 			r[i].Err = err
 		}
 	}
+}
+
+// Entrier is an op that is one line of a report.
+type Entrier interface{ Entry() Entry }
+
+// ReportOf is the report of ops, one entry per op, in order.
+func ReportOf[O Entrier](ops []O) Report {
+	r := make(Report, len(ops))
+	for i, o := range ops {
+		r[i] = o.Entry()
+	}
+	return r
+}
+
+// Applied finishes a subsystem's Apply: r is what its Execute reported;
+// when it wrote, the state reached is read with observe (from the
+// snapshot after the sync's writes), else it is before, what the plan was
+// made from. A failure to read it is one more entry of the report.
+func Applied[O any](sub string, r Report, before O, observe func() (O, error)) (O, Report) {
+	if !r.Writes() {
+		return before, r
+	}
+	o, err := observe()
+	if err != nil {
+		return before, append(r, Failure(sub, fmt.Errorf("%s: observe after apply: %w", sub, err)))
+	}
+	return o, r
+}
+
+// Failure is an entry for what went wrong with a whole subsystem (it
+// could not be read), not with one of its ops; err names the subsystem.
+func Failure(sub string, err error) Entry {
+	return Entry{Subsystem: sub, Kind: sub, Action: NotApplied, Object: sub, Text: "! " + err.Error(), Err: err}
 }

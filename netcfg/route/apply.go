@@ -18,16 +18,7 @@ import (
 // Apply executes p (Execute) and returns the state it reached, with the
 // report of every op.
 func Apply(ctx context.Context, s *host.Snapshot, p Plan) (Observed, plan.Report) {
-	r := Execute(ctx, s, p)
-	if !r.Writes() {
-		return p.Observed, r
-	}
-	o, err := Observe(ctx, s.After(), p.Desired)
-	if err != nil {
-		return p.Observed, append(r, plan.Entry{Subsystem: plan.Routes, Kind: plan.KindRoute, Action: plan.NotApplied,
-			Object: "routes", Text: "! routes: observe after apply: " + err.Error(), Err: fmt.Errorf("routes: %w", err)})
-	}
-	return o, r
+	return plan.Applied(plan.Routes, Execute(ctx, s, p), p.Observed, func() (Observed, error) { return Observe(ctx, s.After(), p.Desired) })
 }
 
 // Execute carries out exactly p's ops and reports each; every op that

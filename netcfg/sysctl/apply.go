@@ -14,16 +14,7 @@ import (
 // Apply executes p (Execute) and returns the state it reached, with the
 // report of every key.
 func Apply(ctx context.Context, snap *host.Snapshot, p Plan) (Observed, plan.Report) {
-	r := Execute(ctx, snap, p)
-	if !r.Writes() {
-		return p.Observed, r
-	}
-	o, err := Observe(ctx, snap.After(), p.Desired)
-	if err != nil {
-		return p.Observed, append(r, plan.Entry{Subsystem: plan.Sysctls, Kind: plan.KindSysctl, Action: plan.NotApplied,
-			Object: "sysctls", Text: "! sysctls: observe after apply: " + err.Error(), Err: fmt.Errorf("sysctls: %w", err)})
-	}
-	return o, r
+	return plan.Applied(plan.Sysctls, Execute(ctx, snap, p), p.Observed, func() (Observed, error) { return Observe(ctx, snap.After(), p.Desired) })
 }
 
 // Execute carries out exactly p's ops inside the namespace and reports

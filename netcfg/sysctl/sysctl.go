@@ -167,13 +167,7 @@ func (o Op) Entry() plan.Entry {
 
 // Report is the plan as report entries, one per op; ops that cannot be
 // applied carry their reason as the error.
-func (p Plan) Report() plan.Report {
-	r := make(plan.Report, len(p.Ops))
-	for i, o := range p.Ops {
-		r[i] = o.Entry()
-	}
-	return r
-}
+func (p Plan) Report() plan.Report { return plan.ReportOf(p.Ops) }
 
 // err is the op's error when it cannot be applied.
 func (o Op) err() error {

@@ -17,16 +17,7 @@ import (
 // Apply executes p (Execute) and returns the state it reached, read after
 // the sync's writes, with the report of every op.
 func Apply(ctx context.Context, h *Handle, s *host.Snapshot, p Plan) (Observed, plan.Report) {
-	r := Execute(ctx, h, s, p)
-	if !r.Writes() {
-		return p.Observed, r
-	}
-	o, err := Observe(ctx, h, s.After(), p.Desired)
-	if err != nil {
-		return p.Observed, append(r, plan.Entry{Subsystem: plan.WireGuard, Kind: plan.KindWireGuard, Action: plan.NotApplied,
-			Object: "wireguard", Text: "! wireguard: observe after apply: " + err.Error(), Err: fmt.Errorf("wireguard: %w", err)})
-	}
-	return o, r
+	return plan.Applied(plan.WireGuard, Execute(ctx, h, s, p), p.Observed, func() (Observed, error) { return Observe(ctx, h, s.After(), p.Desired) })
 }
 
 // Execute carries out exactly p's ops and reports each. Per device the
@@ -65,13 +56,7 @@ func (o Op) Entry() plan.Entry {
 
 // Report is the plan as report entries, one per op; ops that cannot be
 // applied carry their reason as the error.
-func (p Plan) Report() plan.Report {
-	r := make(plan.Report, len(p.Ops))
-	for i, o := range p.Ops {
-		r[i] = o.Entry()
-	}
-	return r
-}
+func (p Plan) Report() plan.Report { return plan.ReportOf(p.Ops) }
 
 func opError(o Op) error {
 	switch {
