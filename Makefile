@@ -65,7 +65,7 @@ test-vm:
 # netns (and the no-op sync of 1000 links), VLANs inside the VM (they need 8021q).
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route ./netcfg/nft ./netcfg/link
-	$(GO) test -run '^$$' -bench NoopSyncHomelab -benchtime 500x ./netcfg
+	$(GO) test -run '^$$' -bench NoopSync -benchtime 500x ./netcfg
 	$(VMTEST) -bench . -benchtime 1x -run '^$$' ./netcfg/link ./netcfg/wg
 
 fuzz:
