@@ -21,6 +21,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/register"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
+	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 )
 
 // This file is the daemon's frame: its options and state, how it starts,
@@ -53,6 +54,9 @@ type RunOptions struct {
 	// before /healthz fails (default: the systemd watchdog timeout, else
 	// DefaultStallBound).
 	StallBound time.Duration
+	// PIATimers are the PIA providers' timeouts (zero fields: defaults);
+	// tests shorten them.
+	PIATimers pia.Timers
 	// TestHooks turns on SIGUSR2, which wedges the reconcile loop for a
 	// minute, so tests can prove the watchdog notices.
 	TestHooks bool
@@ -102,6 +106,11 @@ type Daemon struct {
 	beforeApply func(netcfg.Plans)
 	afterApply  func(netcfg.Plans, netcfg.Result)
 
+	// pia are the PIA providers by device; piaEv carries their calls'
+	// results back to the loop.
+	pia   map[string]*piaTunnel
+	piaEv chan pia.Event
+
 	// stall wedges the loop for the given time (the test hook, also sent
 	// by SIGUSR2 when TestHooks is on).
 	stall chan time.Duration
@@ -141,10 +150,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d := &Daemon{
 		o: o, log: o.Log, kick: make(chan trigger, 16), reqs: make(chan request), stall: make(chan time.Duration, 1),
-		notify: notify.New(o.Log), metrics: metrics.New(),
-	}
-	if err := d.load(); err != nil {
-		return nil, err
+		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16),
 	}
 	d.host = o.Host
 	if d.host == nil {
@@ -153,6 +159,12 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 			return nil, err
 		}
 		d.host = h
+	}
+	if err := d.load(); err != nil {
+		if o.Host == nil {
+			d.host.Close()
+		}
+		return nil, err
 	}
 	kc, err := kube.FromConfig(d.cfg)
 	if err != nil {

@@ -23,12 +23,10 @@ func (d *Daemon) load() error {
 	if err != nil {
 		return err
 	}
-	if u := Unsupported(r.cfg); len(u) > 0 {
-		return &InvalidError{fmt.Errorf("%s: uses sections this build cannot converge yet: %s", d.o.Config, strings.Join(u, ", "))}
-	}
 	sum := sha256.Sum256(r.raw)
 	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(sum[:8])
 	d.want.Store(interestOf(r.des))
+	d.setPIA(r.pia)
 	return nil
 }
 
@@ -37,6 +35,7 @@ type loaded struct {
 	cfg *config.Config
 	des netcfg.Desired
 	raw []byte
+	pia map[string]piaSetup
 	err error
 }
 
@@ -52,10 +51,14 @@ func (d *Daemon) read() (loaded, error) {
 	stale := d.reading != nil
 	if !stale {
 		ch := make(chan loaded, 1)
-		o := d.o.Options
+		o, h, timers := d.o.Options, d.host, d.o.PIATimers
 		go func() {
 			c, des, raw, err := load(o)
-			ch <- loaded{c, des, raw, err}
+			var setups map[string]piaSetup
+			if err == nil {
+				setups = readPIA(c, o, h, timers)
+			}
+			ch <- loaded{c, des, raw, setups, err}
 		}()
 		d.reading = ch
 	}
@@ -99,6 +102,11 @@ func (d *Daemon) reload(why trigger) {
 	}
 	old := d.hash
 	err := d.load()
+	if why != trigResync {
+		// An operator's reload retries what waits for its backoff (the
+		// credentials may be fixed now).
+		d.kickPIA()
+	}
 	var invalid *InvalidError
 	switch {
 	case errors.As(err, &invalid):

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/netcfg"
 )
 
 // trigger is why a sync runs.
@@ -14,15 +15,16 @@ type trigger int
 
 // The triggers. Their names are api.Sync.Trigger's and the metrics'.
 const (
-	trigNone   trigger = iota
-	trigStart          // the first sync
-	trigConfig         // the config file or a peersDir changed
-	trigSignal         // SIGHUP
-	trigAPI            // a reload asked over the API
-	trigEvent          // a kernel event about an owned object, or WireGuard drift seen by the poll
-	trigResync         // the periodic resync, or lost kernel events
-	trigRetry          // after a failed sync
-	trigReload         // the sync after a reload asked over the API (the config is read already)
+	trigNone     trigger = iota
+	trigStart            // the first sync
+	trigConfig           // the config file or a peersDir changed
+	trigSignal           // SIGHUP
+	trigAPI              // a reload asked over the API
+	trigEvent            // a kernel event about an owned object, or WireGuard drift seen by the poll
+	trigResync           // the periodic resync, or lost kernel events
+	trigRetry            // after a failed sync
+	trigReload           // the sync after a reload asked over the API (the config is read already)
+	trigProvider         // a PIA provider registered, or gave up a registration
 )
 
 func (t trigger) String() string {
@@ -43,6 +45,8 @@ func (t trigger) String() string {
 		return "retry"
 	case trigReload:
 		return "reload"
+	case trigProvider:
+		return "provider"
 	}
 	return ""
 }
@@ -53,9 +57,10 @@ func (t trigger) rereads() bool {
 }
 
 // merge keeps the most telling trigger of a debounced burst: a config
-// change beats the rest, so the burst re-reads the config.
+// change beats the rest, so the burst re-reads the config; a provider's
+// change beats a kernel event, so that it is not counted as drift.
 func merge(have, why trigger) trigger {
-	for _, t := range []trigger{trigConfig, trigSignal, trigAPI, trigStart} {
+	for _, t := range []trigger{trigConfig, trigSignal, trigAPI, trigStart, trigProvider} {
 		if have == t || why == t {
 			return t
 		}
@@ -126,8 +131,17 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			pending = merge(pending, trigRetry)
 			arm(0)
 		case <-wgPoll.C:
-			if d.wgDrifted(ctx) {
+			switch provider, drift := d.pollWG(ctx); {
+			case provider:
+				pending = merge(pending, trigProvider)
+				arm(0)
+			case drift:
 				pending = merge(pending, trigEvent)
+				arm(0)
+			}
+		case ev := <-d.piaEv:
+			if d.handlePIA(ctx, ev) {
+				pending = merge(pending, trigProvider)
 				arm(0)
 			}
 		case r := <-d.reqs:
@@ -151,15 +165,27 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	}
 }
 
-// wgDrifted reports whether a WireGuard device's peers differ from the
-// desired state: the kernel sends no event when someone runs `wg set`.
-func (d *Daemon) wgDrifted(ctx context.Context) bool {
+// pollWG observes the WireGuard devices: the PIA providers judge their
+// tunnels' health by it (provider: one changed its device), and drift
+// reports whether a device's peers differ from the desired state (the
+// kernel sends no event when someone runs `wg set`).
+func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool) {
 	if len(d.desired.WG.Devices) == 0 {
-		return false
+		return false, false
 	}
-	p, err := d.cv.PlanWG(ctx, d.desired)
-	return err == nil && p.Writes()
+	p, err := d.cv.PlanWG(ctx, d.converging())
+	if err != nil {
+		return false, false
+	}
+	if d.stepPIA(ctx, p.Observed) {
+		return true, false
+	}
+	return false, p.Writes()
 }
+
+// converging is the desired state a sync converges to: the config's, with each
+// PIA device as its provider has it.
+func (d *Daemon) converging() netcfg.Desired { return d.withPIA(d.desired) }
 
 // request is an API call the loop answers, so that only the loop goroutine
 // ever touches the converger.
@@ -171,7 +197,7 @@ type request interface {
 type planRequest struct{ reply chan<- api.Plan }
 
 func (r planRequest) serve(ctx context.Context, d *Daemon) {
-	p, err := d.cv.Plan(ctx, d.desired)
+	p, err := d.cv.Plan(ctx, d.converging())
 	out := api.Plan{Lines: p.Report().Lines()}
 	if err != nil {
 		out.Error = err.Error()

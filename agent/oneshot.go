@@ -15,6 +15,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/register"
+	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,6 +36,10 @@ type Options struct {
 	// Register caches parsed peer files across loads (nil: none); the
 	// daemon keeps one, since it re-reads the register on every resync.
 	Register *register.Cache
+	// StateDir is where the daemon keeps state (default
+	// /var/lib/nodeagent): the PIA providers' registrations, keys and
+	// cached server lists, under pia/.
+	StateDir string
 }
 
 // Load reads and validates the config at o.Config and derives the desired
@@ -48,7 +53,7 @@ func Load(o Options) (*config.Config, netcfg.Desired, error) {
 // that the daemon's config hash describes exactly what was loaded.
 func load(o Options) (*config.Config, netcfg.Desired, []byte, error) {
 	path := o.Config
-	c, raw, err := config.ReadWith(path, config.Options{})
+	c, raw, err := config.ReadWith(path, config.Options{PIARegion: cachedRegion(o.StateDir)})
 	if err != nil {
 		var list config.ErrorList
 		if errors.As(err, &list) {
@@ -63,25 +68,16 @@ func load(o Options) (*config.Config, netcfg.Desired, []byte, error) {
 	return c, d, raw, nil
 }
 
-// Unsupported lists the config sections this build validates but cannot yet
-// converge. apply and run refuse a config that uses them rather than
-// converge half of it: VLANs without their kill switch would be worse than
-// nothing. (checks and Node labels are the daemon's: apply --once runs no
-// probes and labels nothing.)
-func Unsupported(c *config.Config) []string {
+// piaDevices names the config's PIA devices. apply --once refuses them:
+// a PIA tunnel is kept registered by the daemon's provider, which a
+// one-shot command is not.
+func piaDevices(c *config.Config) []string {
 	var out []string
-	add := func(n int, what string) {
-		if n > 0 {
-			out = append(out, fmt.Sprintf("%s (%d)", what, n))
-		}
-	}
-	pia := 0
 	for _, w := range c.WireGuard {
 		if w.PIA != nil {
-			pia++
+			out = append(out, w.Name)
 		}
 	}
-	add(pia, "wireguard pia")
 	return out
 }
 
@@ -92,14 +88,10 @@ func usesRouting(d netcfg.Desired) bool {
 // Validate checks the config at path and writes a one-line verdict to w.
 func Validate(w io.Writer, o Options) error {
 	path := o.Config
-	c, _, err := Load(o)
-	if err != nil {
+	if _, _, err := Load(o); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "%s: valid\n", path)
-	if u := Unsupported(c); len(u) > 0 {
-		fmt.Fprintf(w, "note: this build does not converge yet: %s\n", strings.Join(u, ", "))
-	}
 	return nil
 }
 
@@ -117,7 +109,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h}
 	defer cv.Close()
-	p, err := cv.Plan(ctx, d)
+	p, err := cv.Plan(ctx, planPIA(c, d, o))
 	// Without CAP_NET_ADMIN the kernel refuses to show some state (the
 	// nftables ruleset): say which, and plan everything else.
 	var unreadable []error
@@ -130,9 +122,6 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	}
 	for _, e := range unreadable {
 		fmt.Fprintf(w, "! %v (not readable without root; that part is not planned)\n", e)
-	}
-	for _, u := range Unsupported(c) {
-		fmt.Fprintf(w, "! %s: not converged by this build\n", u)
 	}
 	if usesRouting(d) {
 		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
@@ -155,8 +144,8 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 	if err != nil {
 		return err
 	}
-	if u := Unsupported(c); len(u) > 0 {
-		return fmt.Errorf("%s uses sections this build cannot converge yet: %s; nothing applied", path, strings.Join(u, ", "))
+	if devs := piaDevices(c); len(devs) > 0 {
+		return fmt.Errorf("%s: wireguard %s: a PIA tunnel is registered and kept healthy by the daemon (nodeagent run), which apply --once is not; nothing applied", path, strings.Join(devs, ", "))
 	}
 	h, err := host.Current()
 	if err != nil {
@@ -221,5 +210,10 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) err
 	defer cv.Close()
 	p, err := cv.Teardown(ctx, o.TablesFile)
 	io.WriteString(w, p.String())
+	// The PIA registrations ran on devices that are gone now; a later
+	// run registers afresh. (Keys and the cached server list stay.)
+	if ferr := pia.StoreAt(o.StateDir).ForgetAll(); ferr != nil {
+		log.Warn("forgetting the PIA registrations", "err", ferr)
+	}
 	return err
 }

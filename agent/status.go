@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,12 @@ func (d *Daemon) setCondition(typ, status, reason, msg string) {
 		}
 	}
 	d.status.Conditions = append(d.status.Conditions, api.Condition{Type: typ, Status: status, Reason: reason, Message: msg, LastTransitionTime: time.Now().UTC()})
+}
+
+func (d *Daemon) removeCondition(typ string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.status.Conditions = slices.DeleteFunc(d.status.Conditions, func(c api.Condition) bool { return c.Type == typ })
 }
 
 func (d *Daemon) condition(typ string) *api.Condition {
@@ -99,6 +106,9 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.metrics.SyncDone(why.String(), dur, failedSubs)
 	d.metrics.SetWireGuard(devs)
 	for _, dev := range devs {
+		if isPIA, _ := d.piaHealthy(dev.Name); isPIA {
+			continue // publishPIA sets it from the provider
+		}
 		healthy := dev.Implementation != "" && (len(dev.Peers) == 0 || dev.LivePeers > 0)
 		d.metrics.SetTunnelHealthy(dev.Name, healthy)
 	}
@@ -170,6 +180,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	default:
 		d.setCondition(api.CondReady, api.False, "Degraded", failed[0].Error())
 	}
+	d.publishPIA()
 	d.refreshHealth()
 	d.labeler.Update(d.snapshot(start, post, devs))
 	return failed
@@ -199,6 +210,13 @@ func (d *Daemon) logSkipped(skipped []api.Object) {
 func (d *Daemon) snapshot(at time.Time, post netcfg.Plans, devs []api.WireGuardDevice) kube.Snapshot {
 	conds := map[string]bool{}
 	for _, dev := range devs {
+		if isPIA, healthy := d.piaHealthy(dev.Name); isPIA {
+			// A PIA tunnel is healthy when its provider says so: a
+			// registration the server has forgotten still shows a
+			// recent handshake for a while.
+			conds["wireguard/"+dev.Name+"/healthy"] = healthy
+			continue
+		}
 		conds["wireguard/"+dev.Name+"/healthy"] = dev.Implementation != "" && (len(dev.Peers) == 0 || dev.LivePeers > 0)
 	}
 	for _, v := range d.cfg.VLANs {
@@ -233,7 +251,7 @@ func (d *Daemon) refreshHealth() {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured)
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy)
 	healthy := s.Ready && !s.Degraded
 	d.mu.Unlock()
 	d.metrics.SetReady(healthy)

@@ -24,6 +24,7 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		// Rolled back: keep the previous state until the config changes.
 		des = *d.lastGood
 	}
+	des = d.withPIA(des)
 	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
 	if d.beforeApply != nil {
 		d.beforeApply(p)
@@ -34,6 +35,13 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	}
 	if why == trigStart || why == trigResync {
 		d.checkARP(ctx)
+	}
+	if len(d.pia) > 0 {
+		// The providers see the device as the sync left it (a new
+		// registration configured, say) without waiting for the poll.
+		if d.stepPIA(ctx, res.Post.WG.Observed) {
+			d.kickNow(trigProvider)
+		}
 	}
 	failed := d.publish(why, start, res)
 	if len(failed) > 0 {

@@ -299,7 +299,10 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 			dev.Addrs = append(dev.Addrs, p)
 		}
 	}
-	if w.PrivateKeyFile == "" {
+	if w.PrivateKeyFile == "" && w.PIA != nil {
+		// The PIA provider supplies the key it keeps, and the peer.
+		dev.Broken = "no private key yet (the PIA provider keeps it under the state directory)"
+	} else if w.PrivateKeyFile == "" {
 		dev.Broken = "no privateKeyFile"
 	} else if k, err := wg.ReadKeyFile(w.PrivateKeyFile); err != nil {
 		dev.Broken = fmt.Sprintf("private key: %v", err)

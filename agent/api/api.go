@@ -55,6 +55,11 @@ const (
 	// the API server is unreachable, the identity is refused, or another
 	// field manager owns a label.
 	CondLabelsSynced = "LabelsSynced"
+	// TunnelHealthy: every PIA tunnel is registered, has handshaken since
+	// and its server answers. False, with the step it is at and why, while
+	// one is not; it degrades the node but does not hold back Ready (the
+	// kill switch holds meanwhile).
+	CondTunnelHealthy = "TunnelHealthy"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.
@@ -129,10 +134,47 @@ type Status struct {
 	Skipped []Object `json:"skipped"`
 	// WireGuard is every configured WireGuard device with its peers.
 	WireGuard []WireGuardDevice `json:"wireguard"`
+	// PIA is every PIA tunnel's provider state.
+	PIA []PIATunnel `json:"pia,omitempty"`
 	// LastRejected is the last config reload that failed validation.
 	LastRejected *Rejected `json:"lastRejected,omitempty"`
 	// LastRollback is the last change safe apply rolled back.
 	LastRollback *Rollback `json:"lastRollback,omitempty"`
+}
+
+// PIATunnel is a PIA tunnel's provider state. It holds nothing secret (no
+// token, no key, no credentials).
+type PIATunnel struct {
+	Device string `json:"device"`
+	// Phase is the step the provider is at: token, list, server, addKey,
+	// configuring, handshake or healthy.
+	Phase   string `json:"phase"`
+	Healthy bool   `json:"healthy"`
+	Region  string `json:"region"`
+	// ServerCN and ServerIP name the WireGuard server registered with;
+	// ServerVIP is its address inside the tunnel, PeerIP the node's.
+	ServerCN  string `json:"serverCN,omitempty"`
+	ServerIP  string `json:"serverIP,omitempty"`
+	ServerVIP string `json:"serverVIP,omitempty"`
+	PeerIP    string `json:"peerIP,omitempty"`
+	// RegisteredSince is when the running registration was made.
+	RegisteredSince *time.Time `json:"registeredSince,omitempty"`
+	// LastHandshake and HandshakeAgeSeconds (-1: none seen) are the
+	// server peer's.
+	LastHandshake       *time.Time `json:"lastHandshake,omitempty"`
+	HandshakeAgeSeconds int64      `json:"handshakeAgeSeconds"`
+	// NextTokenRefresh is when the token is replaced.
+	NextTokenRefresh *time.Time `json:"nextTokenRefresh,omitempty"`
+	// ServerList says where the server list in use came from: "fetched
+	// TIME", or why the cached one is used.
+	ServerList string `json:"serverList,omitempty"`
+	// LastError is the last step that failed, and when; RetryAt when it
+	// is tried again (absent when not waiting).
+	LastError   string     `json:"lastError,omitempty"`
+	LastErrorAt *time.Time `json:"lastErrorAt,omitempty"`
+	RetryAt     *time.Time `json:"retryAt,omitempty"`
+	// ProbeFailures counts unanswered probes of the server in a row.
+	ProbeFailures int `json:"probeFailures,omitempty"`
 }
 
 // Condition returns the condition of the given type, or nil.

@@ -54,6 +54,8 @@ type Metrics struct {
 	forwardedPort *prometheus.GaugeVec
 	unprotected   prometheus.Gauge
 	ready         prometheus.Gauge
+	registrations *prometheus.CounterVec
+	tokens        *prometheus.CounterVec
 
 	// killSwitchDrops is the last value read from the kernel's named nft
 	// counter; a CounterFunc exports it as is.
@@ -105,6 +107,14 @@ func New() *Metrics {
 			Namespace: namespace, Name: "ready",
 			Help: "Whether the node is ready (first full convergence done, nothing failed): 1 or 0.",
 		}),
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "pia_registrations_total",
+			Help: "PIA addKey registrations, by device and result (ok, login_failed, error).",
+		}, []string{"device", "result"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "pia_tokens_total",
+			Help: "PIA token requests, by device and result (issued, refreshed, rejected, error).",
+		}, []string{"device", "result"}),
 		wg: newWireGuardCollector(time.Now),
 	}
 	// The known label values start at 0, so rate() and increase() work from
@@ -123,7 +133,7 @@ func New() *Metrics {
 
 	m.Registry.MustRegister(
 		m.syncs, m.syncDuration, m.syncErrors, m.driftRepairs, m.rollbacks,
-		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, killSwitchDrops, m.wg,
+		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, m.registrations, m.tokens, killSwitchDrops, m.wg,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -165,6 +175,27 @@ func (m *Metrics) SetWireGuard(devs []api.WireGuardDevice) {
 // SetTunnelHealthy sets whether the tunnel on device is healthy.
 func (m *Metrics) SetTunnelHealthy(device string, healthy bool) {
 	m.tunnelHealthy.WithLabelValues(device).Set(boolFloat(healthy))
+}
+
+// PIA counts a PIA provider's event: what is "registration" or "token",
+// result its outcome.
+func (m *Metrics) PIA(device, what, result string) {
+	switch what {
+	case "registration":
+		m.registrations.WithLabelValues(device, result).Inc()
+	case "token":
+		m.tokens.WithLabelValues(device, result).Inc()
+	}
+}
+
+// StartPIA makes a PIA device's counters known at 0.
+func (m *Metrics) StartPIA(device string) {
+	for _, r := range []string{"ok", "login_failed", "error"} {
+		m.registrations.WithLabelValues(device, r)
+	}
+	for _, r := range []string{"issued", "refreshed", "rejected", "error"} {
+		m.tokens.WithLabelValues(device, r)
+	}
 }
 
 // SetKillSwitchDrops sets the kill switch's drop count as last read from the

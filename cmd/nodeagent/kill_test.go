@@ -217,7 +217,7 @@ func TestValidateAndPlanWithoutRoot(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s as nobody: %v\n%s", args[0], err, out)
 		}
-		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "wireguard pia (1): not converged by this build")) {
+		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "! wireguard wg-pia: private key:")) {
 			t.Fatalf("plan as nobody:\n%s", out)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg"
+	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 )
@@ -36,7 +37,9 @@ Usage:
   nodeagent plan [-c FILE]           print what would change (+ add, ~ change, - remove, ! cannot);
                                      writes nothing and needs no root
   nodeagent apply --once [-c FILE]   converge once; exit 1 naming every object that failed
-  nodeagent teardown                 remove exactly what nodeagent owns (marked links and addresses)
+  nodeagent teardown                 remove exactly what nodeagent owns (marked links and addresses,
+                                     its nftables tables, rules, routes, WireGuard devices) and
+                                     forget the PIA registrations of the devices it removed
   nodeagent version                  print the version
 
 Flags:
@@ -45,6 +48,9 @@ Flags:
                       where the routing tables' names are written for ip(8)
                       (default /etc/iproute2/rt_tables.d/nodeagent.conf;
                       env NODEAGENT_RT_TABLES; "" to write none)
+      --state-dir DIR where run keeps state: PIA registrations, keys and the
+                      cached server list, under DIR/pia (default /var/lib/nodeagent;
+                      env NODEAGENT_STATE_DIR); plan and validate read it
       --once          with apply: converge once and exit
       --lock FILE     the lock that run, apply --once and teardown hold, so that
                       two never change the node at once (default %s;
@@ -75,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	fs.StringP("config", "c", DefaultConfig, "config file")
 	fs.String("rt-tables", netcfg.DefaultTablesFile, "rt_tables.d entry")
+	fs.String("state-dir", pia.DefaultStateDir, "state directory")
 	once := fs.Bool("once", false, "converge once and exit")
 	fs.String("lock", agent.DefaultLock, "lock file")
 	fs.String("socket", api.DefaultSocket, "local API socket")
@@ -92,11 +99,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	v.AutomaticEnv()
 	v.BindPFlag("config", fs.Lookup("config"))
 	v.BindPFlag("rt_tables", fs.Lookup("rt-tables"))
+	v.BindPFlag("state_dir", fs.Lookup("state-dir"))
 	v.BindPFlag("socket", fs.Lookup("socket"))
 	v.BindPFlag("metrics", fs.Lookup("metrics"))
 	v.BindPFlag("log_level", fs.Lookup("log-level"))
 	v.BindPFlag("lock", fs.Lookup("lock"))
-	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables")}
+	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables"), StateDir: v.GetString("state_dir")}
 
 	if *help || fs.NArg() == 0 {
 		fmt.Fprintf(stdout, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)

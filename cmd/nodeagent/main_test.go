@@ -50,10 +50,12 @@ func TestValidateExitCodes(t *testing.T) {
 	}
 }
 
-func TestApplyRefusesSectionsItCannotConverge(t *testing.T) {
+// TestApplyOnceRefusesPIA: a PIA tunnel needs the daemon's provider to
+// stay registered; apply --once refuses it before changing anything.
+func TestApplyOnceRefusesPIA(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run([]string{"apply", "--once", "-c", "../../examples/homelab.yaml"}, &out, &errb)
-	if code != 1 || !strings.Contains(errb.String(), "cannot converge yet") || !strings.Contains(errb.String(), "nothing applied") {
+	if code != 1 || !strings.Contains(errb.String(), "wireguard wg-pia: a PIA tunnel is registered and kept healthy by the daemon (nodeagent run)") || !strings.Contains(errb.String(), "nothing applied") {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
 }

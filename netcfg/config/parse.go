@@ -21,6 +21,10 @@ type Options struct {
 	// (their permissions). Use it where the files are not meant to exist,
 	// such as tests and fuzzing; the daemon leaves it false.
 	SkipFileChecks bool
+	// PIARegion, when set, judges a PIA device's region id against its
+	// server list (the cached one): "" when it is known or no list is at
+	// hand, else why not. The config package knows no server list.
+	PIARegion func(p PIA) string
 }
 
 // Load reads the config at path and parses it with Parse.

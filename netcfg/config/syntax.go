@@ -336,3 +336,11 @@ func checkSysctlKey(k string) string {
 	}
 	return ""
 }
+
+// clipValue shortens a value quoted in an error to 64 bytes.
+func clipValue(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

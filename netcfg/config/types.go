@@ -67,7 +67,10 @@ type Macvlan struct {
 
 // WireGuard is one WireGuard interface.
 type WireGuard struct {
-	Name           string   `yaml:"name"`
+	Name string `yaml:"name"`
+	// PrivateKeyFile holds the device's private key (wg genkey, chmod 600).
+	// Optional on a PIA device: empty, nodeagent generates a key and keeps
+	// it under /var/lib/nodeagent/pia/.
 	PrivateKeyFile string   `yaml:"privateKeyFile"`
 	ListenPort     int      `yaml:"listenPort"`
 	FwMark         int      `yaml:"fwMark"`
@@ -98,11 +101,39 @@ type WGPeer struct {
 	PersistentKeepalive int      `yaml:"persistentKeepalive"`
 }
 
-// PIA configures the Private Internet Access provider for a tunnel.
+// PIA configures the Private Internet Access provider for a tunnel: the
+// device's peer, address, endpoint and keepalive come from PIA's addKey,
+// so peers, peersDir, addresses and listenPort are not allowed beside it.
+// Its state (the registration, the token, the cached server list and, when
+// privateKeyFile is empty, the device's key) is kept under the state
+// directory, /var/lib/nodeagent/pia/.
 type PIA struct {
-	Region          string `yaml:"region"`
+	// Region is a region id of PIA's server list (nl_amsterdam), or "auto":
+	// the region whose first meta server answers a TCP connect soonest
+	// (among regions with port forwarding when portForward is set).
+	Region string `yaml:"region"`
+	// CredentialsFile holds the account: two lines (username, then
+	// password) or YAML {username: ..., password: ...}. It must be owned by
+	// root and readable by root only (chmod 600). Never logged.
 	CredentialsFile string `yaml:"credentialsFile"`
-	PortForward     bool   `yaml:"portForward"`
+	// PortForward asks PIA for a forwarded port (regions that have it).
+	PortForward bool `yaml:"portForward"`
+	// ServerList is the URL of PIA's signed server list; default
+	// https://serverlist.piaservers.net/vpninfo/servers/v6.
+	ServerList string `yaml:"serverList"`
+	// TokenURL is the URL of PIA's token endpoint, used when no meta
+	// server gives a token; default
+	// https://www.privateinternetaccess.com/api/client/v2/token.
+	TokenURL string `yaml:"tokenURL"`
+	// CAFile is the root that PIA's meta and WireGuard servers' certificates
+	// must lead to; default PIA's own RSA-4096 root, built in.
+	CAFile string `yaml:"caFile"`
+	// ServerListKeyFile is the RSA public key (PEM) the server list must be
+	// signed with; default PIA's own, built in.
+	ServerListKeyFile string `yaml:"serverListKeyFile"`
+	// WebCAFile is the roots (PEM) for the token and list hosts; default
+	// the system's roots (they use the public web PKI).
+	WebCAFile string `yaml:"webCAFile"`
 }
 
 // Routing is policy routing: tables with routes, and rules.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -397,7 +398,7 @@ func (v *validator) wireguard(wgs []WireGuard, seenAddrs addrSeen) {
 	for i, w := range wgs {
 		p := indexPath("wireguard", i)
 		v.check(fieldPath(p, "name"), checkIfName(w.Name))
-		if w.PrivateKeyFile == "" && w.Name != "" {
+		if w.PrivateKeyFile == "" && w.Name != "" && w.PIA == nil {
 			v.errorf(fieldPath(p, "privateKeyFile"), "required (a file holding the interface's private key, as wg genkey writes it, chmod 600)")
 		}
 		v.secretFile(fieldPath(p, "privateKeyFile"), w.PrivateKeyFile)
@@ -411,22 +412,74 @@ func (v *validator) wireguard(wgs []WireGuard, seenAddrs addrSeen) {
 		v.absPath(fieldPath(p, "peersDir"), w.PeersDir)
 		v.peers(p, w.Peers)
 		if w.PIA != nil {
-			pp := fieldPath(p, "pia")
-			if w.PIA.Region == "" {
-				v.errorf(fieldPath(pp, "region"), "required (a PIA region id, like nl_amsterdam)")
-			}
-			if w.PIA.CredentialsFile == "" {
-				v.errorf(fieldPath(pp, "credentialsFile"), "required")
-			}
-			v.secretFile(fieldPath(pp, "credentialsFile"), w.PIA.CredentialsFile)
-			if len(w.Peers) > 0 {
-				v.errorf(fieldPath(p, "peers"), "a PIA tunnel gets its peer from PIA; remove peers or pia")
-			}
-			if w.PeersDir != "" {
-				v.errorf(fieldPath(p, "peersDir"), "a PIA tunnel gets its peer from PIA; remove peersDir or pia")
-			}
+			v.pia(p, w)
 		}
 	}
+}
+
+// pia checks a PIA device: its pia section, and that nothing the
+// registration gives is configured beside it.
+func (v *validator) pia(p string, w WireGuard) {
+	pp := fieldPath(p, "pia")
+	rp := fieldPath(pp, "region")
+	switch {
+	case w.PIA.Region == "":
+		v.errorf(rp, "required (a PIA region id, like nl_amsterdam, or auto)")
+	case w.PIA.Region == "auto":
+	case !validRegionID(w.PIA.Region):
+		v.errorf(rp, "%q is not a PIA region id (lower-case letters, digits and _, like nl_amsterdam), nor auto", clipValue(w.PIA.Region))
+	case v.opts.PIARegion != nil:
+		if msg := v.opts.PIARegion(*w.PIA); msg != "" {
+			v.errorf(rp, "%s", msg)
+		}
+	}
+	if w.PIA.CredentialsFile == "" {
+		v.errorf(fieldPath(pp, "credentialsFile"), "required (a file, chmod 600, holding the PIA username and password on two lines)")
+	}
+	v.secretFile(fieldPath(pp, "credentialsFile"), w.PIA.CredentialsFile)
+	for _, f := range []struct{ name, url string }{{"serverList", w.PIA.ServerList}, {"tokenURL", w.PIA.TokenURL}} {
+		if f.url != "" {
+			v.check(fieldPath(pp, f.name), checkHTTPSURL(f.url))
+		}
+	}
+	v.absPath(fieldPath(pp, "caFile"), w.PIA.CAFile)
+	v.absPath(fieldPath(pp, "serverListKeyFile"), w.PIA.ServerListKeyFile)
+	v.absPath(fieldPath(pp, "webCAFile"), w.PIA.WebCAFile)
+	from := "a PIA tunnel gets its %s from PIA's addKey; remove %s or pia"
+	if len(w.Peers) > 0 {
+		v.errorf(fieldPath(p, "peers"), from, "peer", "peers")
+	}
+	if w.PeersDir != "" {
+		v.errorf(fieldPath(p, "peersDir"), from, "peer", "peersDir")
+	}
+	if len(w.Addresses) > 0 {
+		v.errorf(fieldPath(p, "addresses"), from, "address", "addresses")
+	}
+	if w.ListenPort != 0 {
+		v.errorf(fieldPath(p, "listenPort"), "a PIA tunnel only connects out (its port is the kernel's choice); remove listenPort or pia")
+	}
+}
+
+// validRegionID reports whether s looks like a PIA region id.
+func validRegionID(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkHTTPSURL reports whether s is an https URL with a host.
+func checkHTTPSURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
+		return fmt.Sprintf("%q is not an https URL (https://host/path)", clipValue(s))
+	}
+	return ""
 }
 
 func (v *validator) peers(wgPath string, peers []WGPeer) {

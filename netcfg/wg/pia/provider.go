@@ -1,0 +1,780 @@
+package pia
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Phase is the step a provider is at in bringing its tunnel up. A failed
+// step stays the phase while the provider waits to retry it (RetryAt).
+type Phase string
+
+// The phases, in the order a tunnel comes up.
+const (
+	PhaseToken       Phase = "token"       // getting a token
+	PhaseList        Phase = "list"        // fetching the server list
+	PhaseServer      Phase = "server"      // choosing the region ("auto": by latency)
+	PhaseAddKey      Phase = "addKey"      // registering the key with a server
+	PhaseConfiguring Phase = "configuring" // registered; the device is being configured
+	PhaseHandshake   Phase = "handshake"   // configured; waiting for the first handshake
+	PhaseHealthy     Phase = "healthy"     // handshake seen, the server answers
+)
+
+// Timers are a provider's timeouts and periods. The zero value of a field
+// is its default.
+type Timers struct {
+	// RxStall: nothing received through the tunnel for this long starts
+	// probing server_vip (default 3s).
+	RxStall time.Duration
+	// ProbeEvery is the probe period while nothing is received (2s);
+	// ProbeTimeout bounds one probe (1.5s); ProbeFailures in a row mean
+	// the server is gone (3).
+	ProbeEvery    time.Duration
+	ProbeTimeout  time.Duration
+	ProbeFailures int
+	// HandshakeWait: no handshake this long after the device was
+	// configured means the registration did not take (10s).
+	HandshakeWait time.Duration
+	// HandshakeStale: a last handshake older than this, keepalive running,
+	// means the session is dead (180s).
+	HandshakeStale time.Duration
+	// TokenRefresh is the age at which a token is replaced (23h; PIA's
+	// last 24h).
+	TokenRefresh time.Duration
+	// ListRefresh is the age at which the server list is fetched again
+	// (6h).
+	ListRefresh time.Duration
+	// BackoffMin and BackoffMax bound the retry backoff (1s, 5m).
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+	// CredentialsBackoff is the least wait after PIA refused the
+	// credentials (401) or the subscription (402): retrying sooner only
+	// gets the account locked (15m).
+	CredentialsBackoff time.Duration
+	// ServerFailures on one server move to the region's next (3).
+	ServerFailures int
+}
+
+func (t Timers) withDefaults() Timers {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&t.RxStall, 3*time.Second)
+	def(&t.ProbeEvery, 2*time.Second)
+	def(&t.ProbeTimeout, 1500*time.Millisecond)
+	def(&t.HandshakeWait, 10*time.Second)
+	def(&t.HandshakeStale, 180*time.Second)
+	def(&t.TokenRefresh, 23*time.Hour)
+	def(&t.ListRefresh, 6*time.Hour)
+	def(&t.BackoffMin, time.Second)
+	def(&t.BackoffMax, 5*time.Minute)
+	def(&t.CredentialsBackoff, 15*time.Minute)
+	if t.ProbeFailures <= 0 {
+		t.ProbeFailures = 3
+	}
+	if t.ServerFailures <= 0 {
+		t.ServerFailures = 3
+	}
+	return t
+}
+
+// Keepalive is the persistent keepalive of a PIA tunnel (PIA.md §3).
+const Keepalive = 25 * time.Second
+
+// Config is one PIA device's provider configuration.
+type Config struct {
+	Device string
+	// KeyFile is the device's configured private key file; "" means the
+	// store keeps a generated key.
+	KeyFile         string
+	Region          string // an id, or "auto"
+	PortForward     bool
+	CredentialsFile string
+	API             *API
+	Store           Store
+	Timers          Timers
+	// Host is the node's namespace, where probes are sent from.
+	Host *host.Host
+	// Count, if set, is told of every registration (result "ok",
+	// "login_failed", "error") and token ("issued", "refreshed",
+	// "rejected", "error").
+	Count func(what, result string)
+}
+
+// Boot is what a provider starts from, read off the loop: its key, its
+// saved state and the cached server list.
+type Boot struct {
+	Key    wg.Key
+	Saved  Saved
+	List   *List
+	ListAt time.Time
+	// Err is what could not be read (the provider starts without it).
+	Err error
+}
+
+// ReadBoot reads what the provider of cfg starts from.
+func ReadBoot(cfg Config) Boot {
+	var b Boot
+	var errs []error
+	var err error
+	if cfg.KeyFile != "" {
+		b.Key, err = wg.ReadKeyFile(cfg.KeyFile)
+	} else {
+		b.Key, err = cfg.Store.Key(cfg.Device)
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("device key: %w", err))
+	}
+	if b.Saved, err = cfg.Store.Load(cfg.Device); err != nil {
+		errs = append(errs, err)
+	}
+	if b.List, b.ListAt, err = cfg.Store.LoadList(cfg.API.ListURL, cfg.API.ListKey); err != nil {
+		errs = append(errs, err)
+	}
+	b.Err = errors.Join(errs...)
+	return b
+}
+
+// Observation is the provider's device as the last WireGuard poll saw it.
+type Observation struct {
+	// Exists: the device exists. Peer is the peer of the registration's
+	// server key, if the device has it.
+	Exists        bool
+	HasPeer       bool
+	LastHandshake time.Time
+	RxBytes       int64
+}
+
+// Event is the result of a provider's network call, handed back to the
+// loop that started it.
+type Event struct {
+	p   *Provider
+	seq int
+	res any
+}
+
+// Provider is the state machine that keeps one device registered with PIA.
+// Only the loop goroutine calls its methods; its calls run in their own
+// goroutines and send an Event back, which the loop passes to Handle.
+type Provider struct {
+	cfg    Config
+	t      Timers
+	log    *slog.Logger
+	events chan<- Event
+	key    wg.Key
+
+	phase   Phase
+	token   Secret
+	tokenAt time.Time
+	list    *List
+	listAt  time.Time
+	listErr string // why the last fetch failed while a cached list is used
+	region  *Region
+	cur     int // the server of the region tried next
+	fails   map[string]int
+	tried   int // servers given up on since the list was last fetched
+
+	reg        *Registration
+	needReg    bool      // the registration is dead or missing: register
+	configured time.Time // when the device was first seen with reg's peer
+	handshake  time.Time // the last handshake seen
+	rx         int64
+	rxAt       time.Time
+	probeFails int
+	probeAt    time.Time
+	probing    bool
+	healthy    bool
+
+	seq      int // of the call in flight, 0 when none
+	retryAt  time.Time
+	backoffN int
+	lastErr  string
+	errAt    time.Time
+	now      func() time.Time
+}
+
+// New returns a provider for cfg, starting from b. Its calls' results go
+// to events.
+func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Provider{cfg: cfg, t: cfg.Timers.withDefaults(), log: log.With("subsystem", "pia", "device", cfg.Device),
+		events: events, key: b.Key, fails: map[string]int{}, now: time.Now, phase: PhaseToken, needReg: true}
+	if b.Err != nil {
+		p.log.Warn("starting without some saved state", "err", b.Err)
+	}
+	p.token, p.tokenAt = b.Saved.Token, b.Saved.TokenAt
+	p.list, p.listAt = b.List, b.ListAt
+	if r := b.Saved.Reg; r != nil && r.PublicKey == b.Key.PublicKey().String() && p.regionAllows(r.Region) {
+		// Re-adopt: the device runs with this registration (or will, once
+		// configured); the handshake says whether it is alive.
+		p.reg, p.needReg, p.phase = r, false, PhaseConfiguring
+		p.log.Info("re-adopting the saved registration", "server", r.Server.CN, "peer_ip", r.PeerIP, "since", r.At)
+	}
+	return p
+}
+
+// regionAllows reports whether a registration in region id fits the config.
+func (p *Provider) regionAllows(id string) bool {
+	if p.cfg.Region != "auto" {
+		return id == p.cfg.Region
+	}
+	if p.list == nil {
+		return true
+	}
+	r, ok := p.list.Region(id)
+	return ok && (!p.cfg.PortForward || r.PortForward)
+}
+
+// Kick retries a step that waits for its backoff now (a reload or
+// SIGHUP: the operator may have fixed the credentials).
+func (p *Provider) Kick() { p.retryAt = time.Time{} }
+
+// Key is the device's private key.
+func (p *Provider) Key() wg.Key { return p.key }
+
+// Device is d with what PIA gave: the key, the address peer_ip/32 and the
+// server as the only peer. Without a registration it has no peer and no
+// address: the kill switch holds, nothing leaves by it.
+func (p *Provider) Device(d wg.Device) wg.Device {
+	return Overlay(d, p.key, p.reg)
+}
+
+// Overlay is d as the registration reg (nil: none) and the key make it.
+// Without a key d stays as it is: broken, with the reason it has.
+func Overlay(d wg.Device, key wg.Key, reg *Registration) wg.Device {
+	if key.IsZero() {
+		if d.Broken == "" {
+			d.Broken = "no private key"
+		}
+		return d
+	}
+	d.PrivateKey, d.Broken = key, ""
+	d.ListenPort = 0
+	d.Addrs, d.Peers = nil, nil
+	if reg == nil {
+		return d
+	}
+	sk, err := wgtypes.ParseKey(reg.ServerKey)
+	if err != nil {
+		return d
+	}
+	d.Addrs = []netip.Prefix{netip.PrefixFrom(reg.PeerIP, 32)}
+	d.Peers = []wg.Peer{{
+		PublicKey: sk, Name: "pia " + reg.Server.CN, Endpoint: reg.Endpoint().String(),
+		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, Keepalive: Keepalive,
+	}}
+	return d
+}
+
+// ServerKey is the public key of the registration's server (zero: none).
+func (p *Provider) ServerKey() wgtypes.Key {
+	if p.reg == nil {
+		return wgtypes.Key{}
+	}
+	k, _ := wgtypes.ParseKey(p.reg.ServerKey)
+	return k
+}
+
+// Healthy reports whether the tunnel is up: handshake seen after the
+// device was configured, recent, and the server answering.
+func (p *Provider) Healthy() bool { return p.healthy }
+
+// Registration is the registration the device runs with, if any.
+func (p *Provider) Registration() *Registration { return p.reg }
+
+func (p *Provider) count(what, result string) {
+	if p.cfg.Count != nil {
+		p.cfg.Count(what, result)
+	}
+}
+
+// Step moves the provider on: it looks at the device as observed, judges
+// the tunnel's health, and starts the next network call when one is due.
+// It reports whether the device's desired state changed (a sync is due).
+func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
+	now := p.now()
+	wasHealthy := p.healthy
+	defer func() {
+		if p.healthy != wasHealthy {
+			changed = true
+			if p.healthy {
+				p.log.Info("tunnel healthy", "server", p.reg.Server.CN, "peer_ip", p.reg.PeerIP)
+			}
+		}
+	}()
+	if p.reg != nil && !p.needReg {
+		if p.watch(ctx, now, obs) {
+			return true
+		}
+	}
+	if p.seq != 0 || now.Before(p.retryAt) {
+		return false
+	}
+	switch {
+	case p.token == "" || (p.reg == nil || p.needReg) && now.Sub(p.tokenAt) > p.t.TokenRefresh:
+		p.phase = PhaseToken
+		p.startToken(ctx)
+	case p.list == nil || now.Sub(p.listAt) > p.t.ListRefresh && (p.needReg || p.healthy):
+		if p.needReg || p.reg == nil {
+			p.phase = PhaseList
+		}
+		p.startList(ctx)
+	case p.needReg && p.region == nil:
+		p.phase = PhaseServer
+		p.startRegion(ctx)
+	case p.needReg:
+		p.phase = PhaseAddKey
+		p.startAddKey(ctx)
+	case p.healthy && now.Sub(p.tokenAt) > p.t.TokenRefresh:
+		// A fresh token for the next registration (and port forwarding);
+		// the tunnel is left alone.
+		p.startToken(ctx)
+	}
+	return false
+}
+
+// watch judges the health of a registered device and starts probes; it
+// reports whether the registration was given up (a sync is due).
+func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bool {
+	if !obs.Exists || !obs.HasPeer {
+		p.phase, p.healthy, p.configured = PhaseConfiguring, false, time.Time{}
+		return false
+	}
+	if p.configured.IsZero() {
+		p.configured, p.rx, p.rxAt, p.probeFails = now, obs.RxBytes, now, 0
+	}
+	if obs.LastHandshake.After(p.handshake) {
+		p.handshake = obs.LastHandshake
+	}
+	if obs.RxBytes != p.rx {
+		p.rx, p.rxAt, p.probeFails = obs.RxBytes, now, 0
+	}
+	// Only a handshake made after the registration proves it: a peer
+	// registered again with the same server keeps its old handshake time.
+	// (A re-adopted registration's device has handshaken since, or it is
+	// as dead as a new one that never did.)
+	seen := obs.LastHandshake.After(p.reg.At)
+	switch {
+	case !seen:
+		p.phase, p.healthy = PhaseHandshake, false
+		if now.Sub(p.configured) > p.t.HandshakeWait {
+			p.fail(now, fmt.Sprintf("no handshake with %s within %s of configuring the device", p.reg.Server.CN, p.t.HandshakeWait), true)
+			return true
+		}
+		return false
+	case now.Sub(obs.LastHandshake) > p.t.HandshakeStale:
+		p.fail(now, fmt.Sprintf("the last handshake with %s was %s ago", p.reg.Server.CN, now.Sub(obs.LastHandshake).Round(time.Second)), true)
+		return true
+	case p.probeFails >= p.t.ProbeFailures:
+		p.fail(now, fmt.Sprintf("%d probes of %s (server_vip) through the tunnel went unanswered", p.probeFails, p.reg.ServerVIP), true)
+		return true
+	}
+	p.phase, p.healthy = PhaseHealthy, true
+	if p.backoffN > 0 {
+		p.backoffN = 0
+		p.fails = map[string]int{}
+		p.tried = 0
+	}
+	if !p.probing && now.Sub(p.rxAt) >= p.t.RxStall && now.Sub(p.probeAt) >= p.t.ProbeEvery {
+		p.startProbe(ctx)
+	}
+	return false
+}
+
+// fail records a failed step and when to retry. A server fault counts
+// against the current server; enough of them move to the next.
+func (p *Provider) fail(now time.Time, reason string, serverFault bool) {
+	if p.lastErr != reason {
+		p.log.Warn("tunnel: "+reason, "phase", string(p.phase))
+	}
+	p.lastErr, p.errAt = reason, now
+	wasHealthy := p.healthy
+	p.healthy = false
+	if serverFault {
+		p.needReg, p.configured, p.probeFails = true, time.Time{}, 0
+		if s, ok := p.server(); ok {
+			p.fails[s.CN]++
+			if p.fails[s.CN] >= p.t.ServerFailures {
+				p.nextServer(now, s)
+			}
+		}
+	}
+	p.backoffN++
+	if wasHealthy {
+		// A tunnel that was up is registered again at once.
+		p.retryAt = now
+		return
+	}
+	p.retryAt = now.Add(p.backoff(p.t.BackoffMin))
+}
+
+// backoff is the wait before retry n (p.backoffN), from least, doubling
+// up to BackoffMax, with ±20% jitter.
+func (p *Provider) backoff(least time.Duration) time.Duration {
+	d := least
+	for i := 1; i < p.backoffN && d < p.t.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, max(p.t.BackoffMax, least))
+	j := time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return j
+}
+
+// server is the region's server tried next.
+func (p *Provider) server() (Server, bool) {
+	if p.region == nil {
+		return Server{}, false
+	}
+	ss := p.region.Servers["wg"]
+	if len(ss) == 0 {
+		return Server{}, false
+	}
+	return ss[p.cur%len(ss)], true
+}
+
+// nextServer gives up on s: the next server of the region; once all have
+// been given up on, the list is fetched again (it may hold others).
+func (p *Provider) nextServer(now time.Time, s Server) {
+	p.fails[s.CN] = 0
+	p.cur++
+	p.tried++
+	n := len(p.region.Servers["wg"])
+	if p.tried >= n {
+		p.log.Warn("tunnel: every server of the region failed; fetching the server list again", "region", p.region.ID, "servers", n)
+		p.tried = 0
+		p.listAt = time.Time{}
+		p.region = nil
+		return
+	}
+	next, _ := p.server()
+	p.log.Info("tunnel: moving to the region's next server", "from", s.CN, "to", next.CN)
+}
+
+// call runs fn off the loop with a deadline and hands its result back.
+func (p *Provider) call(ctx context.Context, timeout time.Duration, fn func(context.Context) any) {
+	p.seq++
+	seq := p.seq
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		res := fn(cctx)
+		select {
+		case p.events <- Event{p: p, seq: seq, res: res}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+type (
+	tokenResult struct {
+		tok Secret
+		err error
+	}
+	listResult struct {
+		l   *List
+		err error
+	}
+	regionResult struct {
+		r   Region
+		lat time.Duration
+		err error
+	}
+	addKeyResult struct {
+		reg Registration
+		err error
+	}
+	probeResult struct{ err error }
+)
+
+// callTimeout bounds a whole call (a token may try several meta servers).
+const callTimeout = 45 * time.Second
+
+func (p *Provider) startToken(ctx context.Context) {
+	var meta []Server
+	port := 443
+	if p.list != nil {
+		port = p.list.MetaPort()
+		if r := p.tokenRegion(); r != nil {
+			meta = r.Servers["meta"]
+			if len(meta) > 2 {
+				meta = meta[:2]
+			}
+		}
+	}
+	file, api := p.cfg.CredentialsFile, p.cfg.API
+	p.call(ctx, callTimeout, func(ctx context.Context) any {
+		c, err := ReadCreds(file)
+		if err != nil {
+			return tokenResult{err: fmt.Errorf("credentials: %w", err)}
+		}
+		tok, err := api.Token(ctx, c, meta, port)
+		return tokenResult{tok, err}
+	})
+}
+
+// tokenRegion is the region whose meta servers are asked for a token.
+func (p *Provider) tokenRegion() *Region {
+	if p.region != nil {
+		return p.region
+	}
+	id := p.cfg.Region
+	if id == "auto" && p.reg != nil {
+		id = p.reg.Region
+	}
+	if r, ok := p.list.Region(id); ok {
+		return &r
+	}
+	return nil
+}
+
+func (p *Provider) startList(ctx context.Context) {
+	api := p.cfg.API
+	p.call(ctx, callTimeout, func(ctx context.Context) any {
+		l, err := api.List(ctx)
+		return listResult{l, err}
+	})
+}
+
+func (p *Provider) startRegion(ctx context.Context) {
+	if p.cfg.Region != "auto" {
+		r, ok := p.list.Region(p.cfg.Region)
+		p.seq++
+		res := regionResult{r: r}
+		if !ok {
+			res.err = fmt.Errorf("region %s is not in PIA's server list", p.cfg.Region)
+		}
+		p.handle(ctx, res)
+		return
+	}
+	// Keep the region of a saved registration if it still qualifies.
+	cands := p.list.candidates(p.cfg.PortForward)
+	dial, port := p.cfg.API.Dial, p.list.MetaPort()
+	p.call(ctx, callTimeout, func(ctx context.Context) any {
+		r, lat, err := fastest(ctx, dial, cands, port)
+		return regionResult{r, lat, err}
+	})
+}
+
+func (p *Provider) startAddKey(ctx context.Context) {
+	s, ok := p.server()
+	if !ok {
+		p.seq++
+		p.handle(ctx, addKeyResult{err: fmt.Errorf("region %s has no WireGuard server in the list", p.region.ID)})
+		return
+	}
+	api, region, port, tok, pub := p.cfg.API, p.region.ID, p.list.WGPort(), p.token, p.key.PublicKey()
+	p.call(ctx, callTimeout, func(ctx context.Context) any {
+		reg, err := api.AddKey(ctx, region, s, port, tok, pub)
+		return addKeyResult{reg, err}
+	})
+}
+
+func (p *Provider) startProbe(ctx context.Context) {
+	p.probing, p.probeAt = true, p.now()
+	h, dev, vip, timeout := p.cfg.Host, p.cfg.Device, p.reg.ServerVIP, p.t.ProbeTimeout
+	go func() {
+		err := Ping(h, dev, vip, timeout)
+		select {
+		case p.events <- Event{p: p, seq: -1, res: probeResult{err}}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// Handle takes the result of a call this provider started. It reports
+// whether the device's desired state changed.
+func (p *Provider) Handle(ctx context.Context, ev Event) bool {
+	if ev.p != p {
+		return false
+	}
+	if ev.seq == -1 {
+		p.probing = false
+		if r := ev.res.(probeResult); r.err != nil && p.reg != nil && !p.needReg {
+			p.probeFails++
+			p.log.Debug("probe failed", "n", p.probeFails, "err", r.err)
+		} else if r.err == nil {
+			p.probeFails, p.rxAt = 0, p.now()
+		}
+		return p.Step(ctx, p.lastObs())
+	}
+	if ev.seq != p.seq {
+		return false
+	}
+	changed := p.handle(ctx, ev.res)
+	// On to the next step at once, not at the next poll.
+	return p.Step(ctx, p.lastObs()) || changed
+}
+
+// lastObs is the observation the health judgement last used, for a Step
+// that follows a probe result: nothing new is known of the device.
+func (p *Provider) lastObs() Observation {
+	return Observation{Exists: !p.configured.IsZero(), HasPeer: !p.configured.IsZero(), LastHandshake: p.handshake, RxBytes: p.rx}
+}
+
+func (p *Provider) handle(ctx context.Context, res any) bool {
+	p.seq = 0
+	now := p.now()
+	switch r := res.(type) {
+	case tokenResult:
+		var se *StatusError
+		switch {
+		case r.err == nil:
+			refreshed := p.token != ""
+			p.token, p.tokenAt = r.tok, now
+			p.save()
+			if refreshed {
+				p.count("token", "refreshed")
+			} else {
+				p.count("token", "issued")
+			}
+			p.log.Info("token issued", "refresh_at", now.Add(p.t.TokenRefresh).Format(time.RFC3339))
+		case errors.As(r.err, &se) && se.Credentials():
+			p.count("token", "rejected")
+			p.fail(now, r.err.Error(), false)
+			p.retryAt = now.Add(p.backoff(p.t.CredentialsBackoff))
+		case errors.As(r.err, &se) && se.Status == http.StatusTooManyRequests:
+			p.count("token", "error")
+			p.fail(now, r.err.Error(), false)
+			p.retryAt = now.Add(se.RetryAfter)
+		default:
+			p.count("token", "error")
+			p.fail(now, "token: "+r.err.Error(), false)
+		}
+	case listResult:
+		if r.err != nil {
+			if p.list != nil {
+				msg := fmt.Sprintf("%v; using the cached list of %s", r.err, p.listAt.UTC().Format(time.RFC3339))
+				if p.listErr != msg {
+					p.log.Warn("server list refused or unreachable; keeping the cached one", "err", r.err, "cached", p.listAt)
+				}
+				p.listErr = msg
+				// Not fetched again until the next refresh period: the
+				// cached list serves meanwhile.
+				p.listAt = now.Add(-p.t.ListRefresh + p.backoff(p.t.BackoffMin*30))
+				return false
+			}
+			p.fail(now, r.err.Error(), false)
+			return false
+		}
+		p.list, p.listAt, p.listErr = r.l, now, ""
+		if err := p.cfg.Store.SaveList(p.cfg.API.ListURL, r.l); err != nil {
+			p.log.Warn("caching the server list", "err", err)
+		}
+		if p.region != nil {
+			// The region's servers may have changed.
+			if nr, ok := r.l.Region(p.region.ID); ok {
+				p.region = &nr
+			}
+		}
+	case regionResult:
+		if r.err != nil {
+			p.fail(now, r.err.Error(), false)
+			if p.cfg.Region != "auto" {
+				// A fresh list may know the region.
+				p.listAt = time.Time{}
+			}
+			return false
+		}
+		p.region = &r.r
+		if p.reg != nil && p.reg.Region == r.r.ID {
+			// Start from the server we were registered with.
+			for i, s := range r.r.Servers["wg"] {
+				if s.CN == p.reg.Server.CN {
+					p.cur = i
+				}
+			}
+		}
+		if r.lat > 0 {
+			p.log.Info("region chosen by latency", "region", r.r.ID, "latency", r.lat)
+		}
+	case addKeyResult:
+		switch {
+		case r.err == nil:
+			p.count("registration", "ok")
+			reg := r.reg
+			p.reg, p.needReg = &reg, false
+			p.configured, p.handshake, p.healthy = time.Time{}, time.Time{}, false
+			p.phase = PhaseConfiguring
+			p.save()
+			p.log.Info("registered", "server", reg.Server.CN, "server_ip", reg.ServerIP, "peer_ip", reg.PeerIP)
+			return true
+		case errors.Is(r.err, ErrLoginFailed):
+			p.count("registration", "login_failed")
+			first := p.lastErr != r.err.Error()
+			p.token = ""
+			p.fail(now, r.err.Error(), false)
+			if first {
+				p.retryAt = now
+			}
+		default:
+			p.count("registration", "error")
+			p.fail(now, r.err.Error(), true)
+		}
+	}
+	return false
+}
+
+func (p *Provider) save() {
+	if err := p.cfg.Store.Save(p.cfg.Device, Saved{Token: p.token, TokenAt: p.tokenAt, Reg: p.reg}); err != nil {
+		p.log.Warn("saving the registration", "err", err)
+	}
+}
+
+// Status is a provider's state for status, with nothing secret in it.
+type Status struct {
+	Device      string
+	Phase       Phase
+	Healthy     bool
+	Region      string
+	Server      Server // cn and IP of the registration's server
+	ServerVIP   netip.Addr
+	PeerIP      netip.Addr
+	Registered  time.Time // when the running registration was made
+	Handshake   time.Time // the last handshake seen
+	TokenAt     time.Time
+	NextToken   time.Time // when the token is refreshed
+	List        string    // "fetched 2026-...", or the cached list and why
+	LastError   string
+	LastErrorAt time.Time
+	RetryAt     time.Time // when a failed step is retried; zero when not waiting
+	ProbeFails  int
+}
+
+// Status reports the provider's state.
+func (p *Provider) Status() Status {
+	s := Status{Device: p.cfg.Device, Phase: p.phase, Healthy: p.healthy, Region: p.cfg.Region,
+		Handshake: p.handshake, LastError: p.lastErr, LastErrorAt: p.errAt, ProbeFails: p.probeFails}
+	if p.region != nil {
+		s.Region = p.region.ID
+	}
+	if p.reg != nil {
+		s.Region, s.Server, s.ServerVIP, s.PeerIP, s.Registered = p.reg.Region, p.reg.Server, p.reg.ServerVIP, p.reg.PeerIP, p.reg.At
+	}
+	if p.token != "" {
+		s.TokenAt, s.NextToken = p.tokenAt, p.tokenAt.Add(p.t.TokenRefresh)
+	}
+	switch {
+	case p.listErr != "":
+		s.List = p.listErr
+	case p.list != nil:
+		s.List = "fetched " + p.listAt.UTC().Format(time.RFC3339)
+	}
+	if now := p.now(); p.retryAt.After(now) {
+		s.RetryAt = p.retryAt
+	}
+	return s
+}

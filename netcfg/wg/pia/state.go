@@ -1,0 +1,204 @@
+package pia
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
+)
+
+// DefaultStateDir is where the daemon keeps its state; a provider's is
+// under its pia/ subdirectory.
+const DefaultStateDir = "/var/lib/nodeagent"
+
+// Store keeps a provider's state on disk, in Dir (STATEDIR/pia), mode
+// 0700, every file 0600 and written atomically:
+//
+//	<device>.json  the registration and the token (secret)
+//	<device>.key   the device's private key, when nodeagent generated it
+//	list-<h>.txt   the last good server list of the URL hashing to h, as
+//	               signed (it is checked again when read back)
+type Store struct{ Dir string }
+
+// StoreAt is the store under the state directory stateDir.
+func StoreAt(stateDir string) Store {
+	if stateDir == "" {
+		stateDir = DefaultStateDir
+	}
+	return Store{Dir: filepath.Join(stateDir, "pia")}
+}
+
+// stateRules are how state files are read: regular, not a link, root's,
+// private and small.
+var stateRules = fsafe.Rules{MaxSize: 64 << 10, Private: true, RootOwned: true}
+
+// Saved is what a provider persists.
+type Saved struct {
+	// Token is the last token and when it was issued.
+	Token   Secret
+	TokenAt time.Time
+	// Reg is the registration the device runs with; nil when none.
+	Reg *Registration
+}
+
+// savedFile is Saved as written: the token in the clear (the file is
+// 0600 in a 0700 directory: PIA.md §6).
+type savedFile struct {
+	Version      int           `json:"version"`
+	Token        string        `json:"token,omitempty"`
+	TokenAt      time.Time     `json:"tokenAt,omitzero"`
+	Registration *Registration `json:"registration,omitempty"`
+}
+
+func (s Store) path(dev, ext string) string { return filepath.Join(s.Dir, dev+ext) }
+
+func (s Store) mkdir() error {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(s.Dir, 0o700)
+}
+
+// Load reads dev's saved state; a missing file is an empty Saved.
+func (s Store) Load(dev string) (Saved, error) {
+	b, err := fsafe.ReadFile(s.path(dev, ".json"), stateRules)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Saved{}, nil
+	}
+	if err != nil {
+		return Saved{}, err
+	}
+	var f savedFile
+	if err := json.Unmarshal(b, &f); err != nil || f.Version != 1 {
+		return Saved{}, fmt.Errorf("%s: not a state file of this version", s.path(dev, ".json"))
+	}
+	return Saved{Token: Secret(f.Token), TokenAt: f.TokenAt, Reg: f.Registration}, nil
+}
+
+// Save writes dev's state.
+func (s Store) Save(dev string, v Saved) error {
+	if err := s.mkdir(); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(savedFile{Version: 1, Token: v.Token.Value(), TokenAt: v.TokenAt, Registration: v.Reg}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return fsafe.WriteFile(s.path(dev, ".json"), append(b, '\n'), 0o600)
+}
+
+// Forget removes dev's registration and token (teardown: the device is
+// gone, so is what it ran with). Its key stays.
+func (s Store) Forget(dev string) error {
+	err := os.Remove(s.path(dev, ".json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// ForgetAll removes every device's registration and token.
+func (s Store) ForgetAll() error {
+	ents, err := os.ReadDir(s.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if n := e.Name(); e.Type().IsRegular() && filepath.Ext(n) == ".json" {
+			errs = append(errs, s.Forget(n[:len(n)-len(".json")]))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Key returns dev's generated private key, generating and saving one the
+// first time.
+func (s Store) Key(dev string) (wg.Key, error) {
+	p := s.path(dev, ".key")
+	k, err := wg.ReadKeyFile(p)
+	if err == nil {
+		return k, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return wg.Key{}, err
+	}
+	if _, err := rand.Read(k[:]); err != nil {
+		return wg.Key{}, err
+	}
+	// Clamp as wg genkey does (curve25519).
+	k[0] &= 248
+	k[31] = (k[31] & 127) | 64
+	if err := s.mkdir(); err != nil {
+		return wg.Key{}, err
+	}
+	line := base64.StdEncoding.EncodeToString(k[:]) + "\n"
+	if err := fsafe.WriteFile(p, []byte(line), 0o600); err != nil {
+		return wg.Key{}, err
+	}
+	return k, nil
+}
+
+// PeekKey reads dev's generated key without generating one.
+func (s Store) PeekKey(dev string) (wg.Key, error) {
+	return wg.ReadKeyFile(s.path(dev, ".key"))
+}
+
+// listPath is where the list of url is cached.
+func (s Store) listPath(url string) string {
+	h := sha256.Sum256([]byte(url))
+	return filepath.Join(s.Dir, "list-"+hex.EncodeToString(h[:4])+".txt")
+}
+
+// listRules: the list is big, and not secret.
+var listRules = fsafe.Rules{MaxSize: MaxListSize, RootOwned: true}
+
+// LoadList reads the cached list of url and checks its signature again:
+// a cache is no more trusted than the network. A missing cache is nil, nil.
+func (s Store) LoadList(url string, key *rsa.PublicKey) (*List, time.Time, error) {
+	p := s.listPath(url)
+	b, err := fsafe.ReadFile(p, listRules)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, time.Time{}, nil
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	l, err := ParseList(b, key)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("cached %w", err)
+	}
+	var at time.Time
+	if st, err := os.Stat(p); err == nil {
+		at = st.ModTime()
+	}
+	return l, at, nil
+}
+
+// SaveList caches l as the list of url, as it was signed.
+func (s Store) SaveList(url string, l *List) error {
+	if err := s.mkdir(); err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	b.Write(l.Raw)
+	b.WriteString("\n\n")
+	b.WriteString(base64.StdEncoding.EncodeToString(l.Signature))
+	b.WriteString("\n")
+	return fsafe.WriteFile(s.listPath(url), b.Bytes(), 0o600)
+}

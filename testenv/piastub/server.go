@@ -1,0 +1,415 @@
+package piastub
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/wg"
+	"github.com/nodeagent/nodeagent/testenv"
+	"github.com/vishvananda/netlink"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Server is one physical PIA server of the stub: a meta address (token),
+// a WireGuard address (addKey on 1337, WireGuard on Port) and a real
+// WireGuard device whose address is VIP.
+type Server struct {
+	stub   *Stub
+	Spec   ServerSpec
+	Region string
+	index  int
+	Meta   netip.Addr
+	WG     netip.Addr
+	VIP    netip.Addr // server_vip: 10.(10+index).0.1
+	Port   int        // the WireGuard UDP port (server_port)
+
+	dev    string
+	kernel bool
+	us     *wg.Userspace
+	key    wgtypes.Key
+	next   int             // the last peer IP's host part handed out
+	peers  map[string]peer // account -> its key on this server
+	faults []string        // nft rules of StopUDP/Down, by handle comment
+}
+
+type peer struct {
+	key wgtypes.Key
+	ip  netip.Addr
+}
+
+// leaf is the server's certificate as its spec says.
+func (srv *Server) leaf() (cert tlsCert) {
+	s, spec := srv.stub, srv.Spec
+	switch {
+	case spec.OtherCA:
+		return s.stranger.leaf(spec.CN, []string{spec.CN}, nil)
+	case spec.WrongCN:
+		return s.root.leaf("someone-else999", []string{"someone-else999"}, nil)
+	case spec.CNOnly:
+		return s.root.leaf(spec.CN, nil, nil)
+	}
+	return s.root.leaf(spec.CN, []string{spec.CN}, nil)
+}
+
+// startWireGuard creates the server's WireGuard device in the stub's
+// namespace: the kernel's where it has the module, else wireguard-go.
+func (srv *Server) startWireGuard() {
+	s := srv.stub
+	var b [2]byte
+	rand.Read(b[:])
+	srv.dev = fmt.Sprintf("psrv%d-%s", srv.index, hex.EncodeToString(b[:]))
+	srv.kernel = testenv.HasModule("wireguard")
+	if srv.kernel {
+		la := netlink.NewLinkAttrs()
+		la.Name = srv.dev
+		if err := s.NS.NL.LinkAdd(&netlink.Wireguard{LinkAttrs: la}); err != nil {
+			s.t.Fatalf("piastub: %s: %v", srv.dev, err)
+		}
+	} else {
+		srv.us = wg.NewUserspace(nil)
+		if err := srv.us.Start(s.NS.Host, srv.dev, 1420); err != nil {
+			s.t.Fatalf("piastub: %s: %v", srv.dev, err)
+		}
+	}
+	srv.newKey()
+	run(s.t, s.NS, "ip addr add "+srv.VIP.String()+"/16 dev "+srv.dev, "ip link set "+srv.dev+" up")
+}
+
+func (srv *Server) stopWireGuard() {
+	if srv.us != nil {
+		srv.us.Close()
+	}
+}
+
+// client is a wgctrl client in the stub's namespace.
+func (srv *Server) configure(cfg wgtypes.Config) error {
+	return srv.stub.NS.Host.Do(func() error {
+		c, err := wgctrl.New()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return c.ConfigureDevice(srv.dev, cfg)
+	})
+}
+
+// newKey gives the server a new key and drops every peer: a restart.
+func (srv *Server) newKey() {
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		srv.stub.t.Fatal(err)
+	}
+	port := srv.Port
+	if err := srv.configure(wgtypes.Config{PrivateKey: &k, ListenPort: &port, ReplacePeers: true}); err != nil {
+		srv.stub.t.Fatalf("piastub: configure %s: %v", srv.dev, err)
+	}
+	srv.key = k
+}
+
+// Restart is a server restart at PIA: a new server key, every peer gone.
+func (srv *Server) Restart() {
+	s := srv.stub
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	srv.newKey()
+	srv.peers = map[string]peer{}
+}
+
+// PublicKey is the server's current WireGuard public key.
+func (srv *Server) PublicKey() wgtypes.Key {
+	s := srv.stub
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return srv.key.PublicKey()
+}
+
+// Peers is how many peers the server's device has.
+func (srv *Server) Peers() int {
+	s := srv.stub
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(srv.peers)
+}
+
+// StopUDP makes the server's WireGuard stop answering (its UDP port is
+// dropped); its API still answers.
+func (srv *Server) StopUDP() {
+	srv.fault("udp dport " + strconv.Itoa(srv.Port) + " drop")
+}
+
+// Down makes the server answer nothing at all, API included.
+func (srv *Server) Down() {
+	srv.StopUDP()
+	srv.fault("ip daddr { " + srv.Meta.String() + ", " + srv.WG.String() + " } drop")
+}
+
+// Up undoes StopUDP and Down.
+func (srv *Server) Up() {
+	s := srv.stub
+	out := s.NS.Exec(s.t, "nft", "-a", "list", "chain", "inet", "stubfault", "in")
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, `comment "`+srv.dev+`"`) {
+			if i := strings.LastIndex(line, "# handle "); i >= 0 {
+				s.NS.Exec(s.t, "nft", "delete", "rule", "inet", "stubfault", "in", "handle", strings.TrimSpace(line[i+len("# handle "):]))
+			}
+		}
+	}
+}
+
+func (srv *Server) fault(rule string) {
+	s := srv.stub
+	s.NS.Exec(s.t, append([]string{"nft", "add", "rule", "inet", "stubfault", "in"}, append(strings.Fields(rule), "comment", `"`+srv.dev+`"`)...)...)
+}
+
+// metaMux is a meta server: the token on both routes.
+func (srv *Server) metaMux() http.Handler {
+	s := srv.stub
+	m := http.NewServeMux()
+	m.HandleFunc("POST /api/client/v2/token", func(w http.ResponseWriter, r *http.Request) {
+		s.count("http:" + srv.Spec.CN)
+		s.count("token:meta:" + srv.Spec.CN)
+		s.tokenV2(w, r)
+	})
+	m.HandleFunc("GET /authv3/generateToken", func(w http.ResponseWriter, r *http.Request) {
+		s.count("http:" + srv.Spec.CN)
+		s.count("generateToken:" + srv.Spec.CN)
+		u, p, ok := r.BasicAuth()
+		if st := s.tokenFault(w); st != 0 {
+			return
+		}
+		if !ok || !s.account(u, p) {
+			http.Error(w, `{"status":"ERROR","message":"authentication failed"}`, http.StatusUnauthorized)
+			return
+		}
+		writeJSON(w, map[string]string{"status": "OK", "token": s.issue()})
+	})
+	return m
+}
+
+// wgMux is a WireGuard server's API: addKey.
+func (srv *Server) wgMux() http.Handler {
+	s := srv.stub
+	m := http.NewServeMux()
+	m.HandleFunc("GET /addKey", func(w http.ResponseWriter, r *http.Request) {
+		s.count("http:" + srv.Spec.CN)
+		s.count("addKey:" + srv.Spec.CN)
+		q := r.URL.Query()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, valid := s.validToken(q.Get("pt"))
+		if s.loginFailed > 0 {
+			s.loginFailed--
+			valid = false
+		}
+		if !valid {
+			// As PIA: an HTTP 200 whose body says the login failed.
+			writeJSON(w, map[string]string{"status": "ERROR", "message": "Login failed!"})
+			return
+		}
+		kb, err := base64.StdEncoding.DecodeString(q.Get("pubkey"))
+		if err != nil || len(kb) != 32 {
+			w.WriteHeader(http.StatusBadRequest)
+			writeJSON(w, map[string]string{"status": "ERROR", "message": "Invalid pubkey"})
+			return
+		}
+		key := wgtypes.Key(kb)
+		acct := s.opts.Username
+		old, had := srv.peers[acct]
+		ip := old.ip
+		if !had || old.key != key {
+			srv.next++
+			ip = netip.AddrFrom4([4]byte{10, byte(10 + srv.index), byte(srv.next >> 8), byte(srv.next&0xff) + 2})
+		}
+		cfg := wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: key, ReplaceAllowedIPs: true,
+			AllowedIPs: []net.IPNet{{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}}}}
+		if had && old.key != key {
+			// The same account registering a second key on this server
+			// ends its first registration (PIA.md §3).
+			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: old.key, Remove: true})
+		}
+		if err := srv.configure(cfg); err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			writeJSON(w, map[string]string{"status": "ERROR", "message": "internal"})
+			return
+		}
+		srv.peers[acct] = peer{key, ip}
+		writeJSON(w, map[string]any{
+			"status": "OK", "server_key": srv.key.PublicKey().String(), "server_port": srv.Port,
+			"server_ip": srv.WG.String(), "server_vip": srv.VIP.String(), "peer_ip": ip.String(),
+			"peer_pubkey": key.String(), "dns_servers": []string{"10.0.0.243", "10.0.0.242"},
+		})
+	})
+	return m
+}
+
+// wwwMux is the www host: the token and the server list.
+func (s *Stub) wwwMux() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /api/client/v2/token", func(w http.ResponseWriter, r *http.Request) {
+		s.count("token:www")
+		s.tokenV2(w, r)
+	})
+	m.HandleFunc("GET /vpninfo/servers/v6", func(w http.ResponseWriter, r *http.Request) {
+		s.count("list")
+		w.Write(s.list())
+	})
+	return m
+}
+
+// tokenFault answers with the injected token status, if any, and
+// reports it.
+func (s *Stub) tokenFault(w http.ResponseWriter) int {
+	s.mu.Lock()
+	st, ra := s.tokenStatus, s.retryAfter
+	s.mu.Unlock()
+	if st == 0 {
+		return 0
+	}
+	if ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
+	w.WriteHeader(st)
+	if st == http.StatusTooManyRequests {
+		w.Write([]byte(`{"status":"error","code":"too_many_attempts"}`))
+	}
+	return st
+}
+
+// tokenV2 is POST /api/client/v2/token: username and password as a
+// multipart form, an urlencoded form or JSON.
+func (s *Stub) tokenV2(w http.ResponseWriter, r *http.Request) {
+	if s.tokenFault(w) != 0 {
+		return
+	}
+	var u, p string
+	ct := r.Header.Get("Content-Type")
+	switch {
+	case strings.HasPrefix(ct, "application/json"):
+		var body struct{ Username, Password string }
+		if json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&body) == nil {
+			u, p = body.Username, body.Password
+		}
+	case strings.HasPrefix(ct, "multipart/form-data"):
+		if r.ParseMultipartForm(4096) == nil {
+			u, p = r.FormValue("username"), r.FormValue("password")
+		}
+	default:
+		r.Body = http.MaxBytesReader(w, r.Body, 4096)
+		if r.ParseForm() == nil {
+			u, p = r.PostForm.Get("username"), r.PostForm.Get("password")
+		}
+	}
+	if !s.account(u, p) {
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	writeJSON(w, map[string]string{"token": s.issue()})
+}
+
+func (s *Stub) account(u, p string) bool { return u == s.opts.Username && p == s.opts.Password }
+
+// issue makes a token good for the token TTL.
+func (s *Stub) issue() string {
+	var b [64]byte
+	rand.Read(b[:])
+	tok := hex.EncodeToString(b[:])
+	s.mu.Lock()
+	s.tokens[tok] = time.Now().Add(s.tokenTTL)
+	s.mu.Unlock()
+	return tok
+}
+
+// validToken reports whether tok was issued and has not expired. s.mu is
+// held.
+func (s *Stub) validToken(tok string) (time.Time, bool) {
+	exp, ok := s.tokens[tok]
+	return exp, ok && time.Now().Before(exp)
+}
+
+// TokenSeen reports whether tok is one the stub issued (for the secret
+// grep: the test knows no token otherwise).
+func (s *Stub) IssuedTokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for t := range s.tokens {
+		out = append(out, t)
+	}
+	return out
+}
+
+// list is the signed server list: one line of compact JSON (over 1000
+// bytes, as PIA's scripts insist), a blank line, and base64 of an RSA
+// PKCS#1 v1.5 SHA-256 signature over exactly that line.
+func (s *Stub) list() []byte {
+	type srvJ struct {
+		IP string `json:"ip"`
+		CN string `json:"cn"`
+	}
+	type regionJ struct {
+		ID          string            `json:"id"`
+		Name        string            `json:"name"`
+		Country     string            `json:"country"`
+		AutoRegion  bool              `json:"auto_region"`
+		DNS         string            `json:"dns"`
+		PortForward bool              `json:"port_forward"`
+		Geo         bool              `json:"geo"`
+		Offline     bool              `json:"offline"`
+		Servers     map[string][]srvJ `json:"servers"`
+	}
+	var regions []regionJ
+	for _, srv := range s.Servers {
+		i := len(regions) - 1
+		if i < 0 || regions[i].ID != srv.Region {
+			var spec RegionSpec
+			for _, r := range s.regions {
+				if r.ID == srv.Region {
+					spec = r
+				}
+			}
+			regions = append(regions, regionJ{ID: spec.ID, Name: "Stub " + spec.ID, Country: "ZZ", AutoRegion: true,
+				DNS: spec.ID + ".piastub.test", PortForward: spec.PortForward, Offline: spec.Offline, Servers: map[string][]srvJ{}})
+			i++
+		}
+		regions[i].Servers["meta"] = append(regions[i].Servers["meta"], srvJ{srv.Meta.String(), srv.Spec.CN})
+		regions[i].Servers["wg"] = append(regions[i].Servers["wg"], srvJ{srv.WG.String(), srv.Spec.CN})
+		regions[i].Servers["ovpntcp"] = append(regions[i].Servers["ovpntcp"], srvJ{srv.WG.String(), srv.Spec.CN})
+	}
+	line, _ := json.Marshal(map[string]any{
+		"groups": map[string]any{
+			"ovpntcp": []map[string]any{{"name": "openvpn_tcp", "ports": []int{80, 443, 853, 8443}}},
+			"wg":      []map[string]any{{"name": "wireguard", "ports": []int{1337}}},
+			"meta":    []map[string]any{{"name": "meta", "ports": []int{443, 8080}}},
+		},
+		"regions": regions,
+	})
+	sum := sha256.Sum256(line)
+	sig, err := rsaSign(s.listKey, sum[:])
+	if err != nil {
+		s.t.Errorf("piastub: sign: %v", err)
+	}
+	s.mu.Lock()
+	tamper := s.tamper
+	s.mu.Unlock()
+	if tamper {
+		line = []byte(strings.Replace(string(line), `"port_forward":true`, `"port_forward":false`, 1))
+		line = []byte(strings.Replace(string(line), `198.18.`, `198.19.`, 1))
+	}
+	return []byte(string(line) + "\n\n" + base64.StdEncoding.EncodeToString(sig) + "\n")
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
