@@ -11,10 +11,11 @@ LOGDIR  := .cache/test
 # the WireGuard tests the kernel module, the daemon's drift tests cover VLANs
 # and kernel WireGuard there, and the routing and nftables scenarios are
 # worth proving on Debian's own kernel. The CLI's WireGuard
-# test runs there too (VM_CMD_TESTS), by itself: the other CLI tests read the
-# source tree.
+# test and the PIA kill -9/restart test (a kernel device must keep its
+# ifindex and session) run there too (VM_CMD_TESTS), by themselves: the other
+# CLI tests read the source tree.
 VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
-VM_CMD_TESTS ?= TestApplyOnceWireGuard
+VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
 .PHONY: build test test-unit test-vm test-deb deb man bench fuzz lint demo clean

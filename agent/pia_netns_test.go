@@ -2,16 +2,22 @@ package agent
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
+	"github.com/nodeagent/nodeagent/testenv"
+	"github.com/nodeagent/nodeagent/testenv/kubetest"
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The PIA tunnel against the stub (testenv/piastub): on the host kernel
@@ -425,4 +431,79 @@ func TestPIARestart(t *testing.T) {
 	}
 	waitFor(t, "traffic", 10*time.Second, l.PingFar)
 	l.NoLeaks(t, "restart")
+}
+
+// TestPIALabelsAndSecrets: the conditional label wireguard/DEV/healthy
+// follows the PIA tunnel (on a real kube-apiserver, with the node's own
+// identity), and no secret (token, password, private key) appears in the
+// log, the plan, the status JSON, the metrics or the Node.
+func TestPIALabelsAndSecrets(t *testing.T) {
+	if testenv.InVM() {
+		t.Skip("the host tier runs this: the VM has no etcd or kube-apiserver")
+	}
+	kubetest.Require(t)
+	srv := kubetest.Start(t)
+	ctx := t.Context()
+	if err := srv.CreateNode(ctx, "node-pia", nil); err != nil {
+		t.Fatal(err)
+	}
+	l := piastub.NewLab(t, piastub.Options{}, "stub_ams")
+	kubeconfig := filepath.Join(l.Dir, "kubelet.kubeconfig")
+	if err := srv.WriteNodeKubeconfig(kubeconfig, "node-pia"); err != nil {
+		t.Fatal(err)
+	}
+	const label = "homelab.example/egress-gateway"
+	l.Extra = fmt.Sprintf(`node: {name: node-pia}
+kubernetes:
+  kubeconfig: %s
+  hold: 0s
+  conditionalLabels:
+    - {key: %s, value: "true", when: wireguard/%s/healthy}
+`, kubeconfig, label, l.Dev)
+	l.WriteConfig(t, "stub_ams")
+	r := startPIA(t, l, fastPIA)
+	node := func() *corev1.Node {
+		n, err := srv.Admin.CoreV1().Nodes().Get(ctx, "node-pia", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "the label with the tunnel healthy", 90*time.Second, func() bool { return node().Labels[label] == "true" })
+	for _, s := range l.Stub.Servers {
+		s.Down()
+	}
+	gone := waitFor(t, "the label gone with every server down", 90*time.Second, func() bool { _, ok := node().Labels[label]; return !ok })
+	t.Logf("every server down -> label removed: %s", gone.Round(100*time.Millisecond))
+	for _, s := range l.Stub.Servers {
+		s.Up()
+	}
+	waitFor(t, "the label back", 90*time.Second, func() bool { return node().Labels[label] == "true" })
+
+	key, err := os.ReadFile(filepath.Join(l.StateDir, "pia", l.Dev+".key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]string{"private key": strings.TrimSpace(string(key)), "password": "hunter2-stub"}
+	for i, tok := range l.Stub.IssuedTokens() {
+		secrets[fmt.Sprintf("token %d", i)] = tok
+	}
+	if len(secrets) < 3 {
+		t.Fatal("the stub issued no token")
+	}
+	st, _ := json.Marshal(r.d.Status())
+	plan, _ := json.Marshal(r.d.Plan(ctx))
+	var scrape strings.Builder
+	mfs, _ := r.d.Metrics().Registry.Gather()
+	for _, mf := range mfs {
+		scrape.WriteString(mf.String())
+	}
+	nj, _ := json.Marshal(node())
+	for what, text := range map[string]string{"log": r.log.String(), "status": string(st), "plan": string(plan), "metrics": scrape.String(), "Node": string(nj)} {
+		for name, secret := range secrets {
+			if strings.Contains(text, secret) {
+				t.Errorf("the %s appears in the %s", name, what)
+			}
+		}
+	}
 }

@@ -45,8 +45,9 @@ const usage = `nodeagentctl talks to the local nodeagent daemon over its unix so
 
 Usage:
   nodeagentctl status [-o table|json]   the node's state: readiness, conditions, subsystems, WireGuard
-                                        devices and peers, pending and failed objects, the last rejected
-                                        reload and the last rollback
+                                        devices and peers, PIA tunnels (step, server, peer IP, handshake,
+                                        token refresh, last error), pending and failed objects, the last
+                                        rejected reload and the last rollback
   nodeagentctl plan                     what a sync would change now (+ add, ~ change, - remove, ! cannot)
   nodeagentctl reload                   re-read the config (root only); a rejected config is not applied
                                         and the running one stays

@@ -255,6 +255,13 @@ func TestStatus(t *testing.T) {
 func TestRenderStatus(t *testing.T) {
 	s := *degradedStatus
 	s.WireGuard = []api.WireGuardDevice{wg0, {Name: "wg-pia", Peers: []api.WireGuardPeer{}, Problems: []string{"pia: login failed:\tHTTP 401"}}}
+	at := func(d time.Duration) *time.Time { t := now.Add(d); return &t }
+	s.PIA = []api.PIATunnel{{
+		Device: "wg-pia", Phase: "addKey", Region: "nl_amsterdam", ServerCN: "amsterdam401", ServerIP: "198.18.1.2",
+		ServerVIP: "10.10.0.1", PeerIP: "10.10.0.3", RegisteredSince: at(-2 * time.Hour), LastHandshake: at(-200 * time.Second),
+		HandshakeAgeSeconds: 200, NextTokenRefresh: at(21 * time.Hour), ServerList: "fetched 2026-12-01T08:00:00Z",
+		LastError: "the last handshake with amsterdam401 was 3m20s ago", LastErrorAt: at(-time.Second), RetryAt: at(2 * time.Second),
+	}}
 	var b bytes.Buffer
 	if err := renderStatus(&b, &s, now); err != nil {
 		t.Fatal(err)
@@ -283,6 +290,16 @@ WireGuard:
 
   wg-pia (absent), 0/0 peers live
     problem: pia: login failed: HTTP 401
+
+PIA wg-pia: addKey, region nl_amsterdam
+  server:            amsterdam401 (198.18.1.2), inside the tunnel 10.10.0.1
+  peer IP:           10.10.0.3
+  registered since:  2026-12-01 07:00:00 UTC (2h0m ago)
+  last handshake:    3m20s ago
+  next token:        2026-12-02 06:00:00 UTC (in 21h0m)
+  server list:       fetched 2026-12-01T08:00:00Z
+  last error:        2026-12-01 08:59:59 UTC (1s ago): the last handshake with amsterdam401 was 3m20s ago
+  retry:             2026-12-01 09:00:02 UTC (in 2s)
 
 Pending:
   routes  route default table 150: pending: dev wg-pia does not exist

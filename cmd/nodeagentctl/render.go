@@ -58,6 +58,10 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 		renderDevices(&b, s.WireGuard, now, "  ")
 	}
 
+	for _, t := range s.PIA {
+		renderPIA(&b, t, now)
+	}
+
 	for _, objs := range []struct {
 		title string
 		list  []api.Object
@@ -88,6 +92,47 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 	}
 	_, err := io.WriteString(w, trimLines(b.String()))
 	return err
+}
+
+// renderPIA writes one PIA tunnel's provider state.
+func renderPIA(b *strings.Builder, t api.PIATunnel, now time.Time) {
+	state := clean(t.Phase)
+	if t.Healthy {
+		state = "healthy"
+	}
+	fmt.Fprintf(b, "\nPIA %s: %s, region %s\n", clean(t.Device), state, dash(t.Region))
+	field := func(label, format string, args ...any) {
+		fmt.Fprintf(b, "  %-18s %s\n", label+":", fmt.Sprintf(format, args...))
+	}
+	opt := func(t *time.Time) string {
+		if t == nil {
+			return "-"
+		}
+		return stamp(*t, now)
+	}
+	if t.ServerCN != "" {
+		field("server", "%s (%s), inside the tunnel %s", clean(t.ServerCN), dash(t.ServerIP), dash(t.ServerVIP))
+		field("peer IP", "%s", dash(t.PeerIP))
+		field("registered since", "%s", opt(t.RegisteredSince))
+	}
+	hs := "none yet"
+	if t.LastHandshake != nil {
+		hs = ago(*t.LastHandshake, now)
+	}
+	field("last handshake", "%s", hs)
+	field("next token", "%s", opt(t.NextTokenRefresh))
+	if t.ServerList != "" {
+		field("server list", "%s", clean(t.ServerList))
+	}
+	if t.ProbeFailures > 0 {
+		field("probes unanswered", "%d", t.ProbeFailures)
+	}
+	if t.LastError != "" {
+		field("last error", "%s: %s", opt(t.LastErrorAt), clean(t.LastError))
+	}
+	if t.RetryAt != nil {
+		field("retry", "%s", stamp(*t.RetryAt, now))
+	}
 }
 
 // trimLines drops the padding tabwriter leaves after an empty last cell.

@@ -145,6 +145,18 @@ func TestParseInvalid(t *testing.T) {
 			`nodeagent.yaml:3: wireguard[0].pia.region: required`},
 		{"pia with peers", "wireguard:\n  - name: wg-pia\n    pia: {region: nl, credentialsFile: /etc/x}\n    peers:\n      - publicKey: " + testKey + "\n",
 			`nodeagent.yaml:4: wireguard[0].peers: a PIA tunnel gets its peer from PIA`},
+		{"pia with addresses", "wireguard:\n  - name: wg-pia\n    addresses: [10.8.0.2/32]\n    pia: {region: nl, credentialsFile: /etc/x}\n",
+			`nodeagent.yaml:3: wireguard[0].addresses: a PIA tunnel gets its address from PIA's addKey; remove addresses or pia`},
+		{"pia with peersDir", "wireguard:\n  - name: wg-pia\n    peersDir: /etc/nodeagent/peers.d\n    pia: {region: nl, credentialsFile: /etc/x}\n",
+			`nodeagent.yaml:3: wireguard[0].peersDir: a PIA tunnel gets its peer from PIA's addKey; remove peersDir or pia`},
+		{"pia with listenPort", "wireguard:\n  - name: wg-pia\n    listenPort: 51820\n    pia: {region: nl, credentialsFile: /etc/x}\n",
+			`nodeagent.yaml:3: wireguard[0].listenPort: a PIA tunnel only connects out`},
+		{"pia region not an id", "wireguard:\n  - name: wg-pia\n    pia:\n      region: Amsterdam NL\n      credentialsFile: /etc/x\n",
+			`nodeagent.yaml:4: wireguard[0].pia.region: "Amsterdam NL" is not a PIA region id`},
+		{"pia server list not https", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      serverList: http://serverlist.piaservers.net/vpninfo/servers/v6\n",
+			`nodeagent.yaml:6: wireguard[0].pia.serverList: "http://serverlist.piaservers.net/vpninfo/servers/v6" is not an https URL`},
+		{"pia relative caFile", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      caFile: pia.crt\n",
+			`nodeagent.yaml:6: wireguard[0].pia.caFile: "pia.crt" is not an absolute path`},
 
 		// Routing.
 		{"reserved table", "routing:\n  tables:\n    - id: 254\n",

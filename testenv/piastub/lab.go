@@ -31,6 +31,8 @@ type Lab struct {
 	Config        string
 	Files         Files
 	Cred          string
+	// Extra is appended to the config WriteConfig writes.
+	Extra string
 }
 
 // NewLab builds the gateway scenario and writes a config whose PIA device
@@ -113,7 +115,7 @@ firewall:
   killSwitch:
     - {from: 10.10.50.0/24, allowOut: [%[1]s]}
   mssClamp: [%[1]s]
-`, l.Dev, region, l.Cred, l.Files.ServerList, l.Files.TokenURL, l.Files.CAFile, l.Files.ServerListKeyFile, l.Files.WebCAFile)
+`, l.Dev, region, l.Cred, l.Files.ServerList, l.Files.TokenURL, l.Files.CAFile, l.Files.ServerListKeyFile, l.Files.WebCAFile) + l.Extra
 	if err := os.WriteFile(l.Config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/netip"
@@ -185,7 +187,9 @@ func (s *Stub) serve(addr netip.Addr, port int, tc *tls.Config, h http.Handler) 
 	if err != nil {
 		s.t.Fatalf("piastub: listen %s:%d: %v", addr, port, err)
 	}
-	hs := &http.Server{Handler: s.slowly(h), TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second, ErrorLog: nil}
+	hs := &http.Server{Handler: s.slowly(h), TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second,
+		// Refused handshakes are what the bad-certificate tests provoke.
+		ErrorLog: log.New(io.Discard, "", 0)}
 	s.mu.Lock()
 	s.servers = append(s.servers, hs)
 	s.mu.Unlock()
