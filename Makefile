@@ -68,6 +68,8 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./netcfg/route ./netcfg/nft ./netcfg/link
 	$(GO) test -run '^$$' -bench NoopSync -benchtime 500x ./netcfg
 	$(VMTEST) -bench . -benchtime 1x -run '^$$' ./netcfg/link ./netcfg/wg
+	$(GO) test -run '^$$' -bench PIA -benchtime 3x ./agent
+	$(VMTEST) -bench PIA -benchtime 3x -run '^$$' ./agent
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 60s ./netcfg/config

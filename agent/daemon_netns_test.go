@@ -54,14 +54,14 @@ type running struct {
 
 // startDaemon runs the daemon on cfg inside ns until the test ends, and
 // waits for its first full convergence.
-func startDaemon(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOptions)) *running {
+func startDaemon(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOptions)) *running {
 	t.Helper()
 	return launch(t, ns, cfg, tweak, nil)
 }
 
 // launch is startDaemon with hooks, which may set the daemon's test
 // hooks before it runs.
-func launch(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOptions), hooks func(*Daemon)) *running {
+func launch(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOptions), hooks func(*Daemon)) *running {
 	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
@@ -95,7 +95,7 @@ func launch(t *testing.T, ns *testenv.NetNS, cfg string, tweak func(*RunOptions)
 	return r
 }
 
-func (r *running) stop(t *testing.T) {
+func (r *running) stop(t testing.TB) {
 	if r.cancel == nil {
 		return
 	}
@@ -111,7 +111,7 @@ func (r *running) stop(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) time.Duration {
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {

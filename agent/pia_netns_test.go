@@ -28,7 +28,7 @@ import (
 var fastPIA = pia.Timers{HandshakeWait: 4 * time.Second, BackoffMin: 300 * time.Millisecond, BackoffMax: 3 * time.Second}
 
 // startPIA runs the daemon on the lab with timers (zero: the defaults).
-func startPIA(t *testing.T, l *piastub.Lab, timers pia.Timers) *running {
+func startPIA(t testing.TB, l *piastub.Lab, timers pia.Timers) *running {
 	t.Helper()
 	return startDaemon(t, l.Node, l.Config, func(o *RunOptions) {
 		o.StateDir = l.StateDir
@@ -52,7 +52,7 @@ func tunnelCondition(r *running) api.Condition {
 	return api.Condition{}
 }
 
-func waitHealthy(t *testing.T, r *running, within time.Duration) time.Duration {
+func waitHealthy(t testing.TB, r *running, within time.Duration) time.Duration {
 	t.Helper()
 	return waitFor(t, "TunnelHealthy", within, func() bool { return tunnelCondition(r).Status == api.True })
 }

@@ -20,7 +20,7 @@ import (
 var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools"}
 
 // debSteps are the acceptance steps the script in the VM reports, in order.
-var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "security", "purge"}
+var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "pia", "security", "purge"}
 
 var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 
@@ -69,8 +69,16 @@ func TestDebInSystemdVM(t *testing.T) {
 		}
 	})
 
+	// The PIA stub, as a process the acceptance script starts.
+	stubBin := filepath.Join(t.TempDir(), "piastub")
+	sb := exec.CommandContext(ctx, "go", "build", "-o", stubBin, "../testenv/piastub/cmd/piastub")
+	sb.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := sb.CombinedOutput(); err != nil {
+		t.Fatalf("build piastub: %v\n%s", err, out)
+	}
 	overlay := t.TempDir()
 	files := map[string]string{
+		"usr/local/sbin/piastub":                    stubBin,
 		"usr/local/sbin/deb-acceptance":             "testdata/deb-acceptance.sh",
 		"etc/systemd/system/deb-acceptance.service": "testdata/deb-acceptance.service",
 		"root/deb/" + filepath.Base(debs[0]):        debs[0],
@@ -81,7 +89,7 @@ func TestDebInSystemdVM(t *testing.T) {
 			t.Fatal(err)
 		}
 		mode := os.FileMode(0o644)
-		if strings.HasSuffix(src, ".sh") {
+		if strings.HasSuffix(src, ".sh") || filepath.Base(src) == "piastub" {
 			mode = 0o755
 		}
 		os.MkdirAll(filepath.Join(overlay, filepath.Dir(dst)), 0o755)

@@ -50,7 +50,7 @@ func TestUnitHardening(t *testing.T) {
 	unit := string(b)
 	for _, want := range []string{
 		"Type=notify", "WatchdogSec=", "Restart=on-failure", "ExecReload=/usr/bin/nodeagentctl reload",
-		"RuntimeDirectory=nodeagent", "RuntimeDirectoryMode=0750", "StateDirectory=nodeagent",
+		"RuntimeDirectory=nodeagent", "RuntimeDirectoryMode=0750", "StateDirectory=nodeagent", "StateDirectoryMode=0700",
 		"After=network-pre.target", "Before=network-online.target",
 		"CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW\n", "NoNewPrivileges=yes", "ProtectSystem=strict",
 		"ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelModules=yes",

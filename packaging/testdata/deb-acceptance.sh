@@ -83,6 +83,7 @@ wireguard:
     privateKeyFile: /etc/nodeagent/keys/wg1.key
     listenPort: 51821
     addresses: [10.91.0.1/24]
+${2:-}
 routing:
   tables:
     - {id: 150, name: vlan50-egress, killSwitch: true, routes: [{to: default, dev: wg0}]}
@@ -174,14 +175,55 @@ check watchdog-fired sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -i 
 check ready-again wait_for 30 nodeagentctl status
 check vlan-ifindex-unchanged test "$(ifindex trunk0.50)" = "$vlan_idx"
 
-# --- 6. systemd-analyze security -------------------------------------------
+# --- 6. PIA: registers against the stub, survives a restart -------------
+begin pia
+# The stub (testenv/piastub/cmd/piastub) runs in namespaces of its own,
+# linked to this one; it writes the files a config trusts it by.
+piastub /etc/nodeagent/piastub > /var/log/piastub.log 2>&1 &
+stub_pid=$!
+check stub-ready wait_for 60 test -e /etc/nodeagent/piastub/ready
+. /etc/nodeagent/piastub/env
+install -m 0600 /etc/nodeagent/piastub/pia.cred /etc/nodeagent/pia.cred
+addkeys() { sed -n 's/.*addKey=\([0-9]*\).*/\1/p' /etc/nodeagent/piastub/counts; }
+pia_healthy() { nodeagentctl status -o json | grep -q '"phase": "healthy"'; }
+config "" "  - name: wg-pia
+    pia:
+      region: $PIA_REGION
+      credentialsFile: /etc/nodeagent/pia.cred
+      serverList: $PIA_LIST_URL
+      tokenURL: $PIA_TOKEN_URL
+      caFile: $PIA_CA
+      serverListKeyFile: $PIA_LISTKEY
+      webCAFile: $PIA_WEBCA" | write_config
+check validates nodeagent validate
+check reload systemctl reload nodeagent
+check healthy wait_for 60 pia_healthy
+check status-table sh -c 'nodeagentctl status | grep -A3 "^PIA wg-pia: healthy"'
+check one-addkey test "$(addkeys)" = 1
+check wg-kernel sh -c 'ip -d link show wg-pia | grep -q wireguard'
+check handshake sh -c 'wg show wg-pia latest-handshakes | awk "{exit !(\$2 > 0)}"'
+check state-dir-0700 test "$(stat -c %a /var/lib/nodeagent)" = 700
+check pia-dir-0700 test "$(stat -c %a /var/lib/nodeagent/pia)" = 700
+check registration-0600 test "$(stat -c %a /var/lib/nodeagent/pia/wg-pia.json)" = 600
+check key-0600 test "$(stat -c %a /var/lib/nodeagent/pia/wg-pia.key)" = 600
+pia_idx=$(ifindex wg-pia)
+check restart systemctl restart nodeagent
+check active-after-restart is active
+check healthy-after-restart wait_for 60 pia_healthy
+check no-new-addkey test "$(addkeys)" = 1
+check pia-ifindex-unchanged test "$(ifindex wg-pia)" = "$pia_idx"
+journalctl -u nodeagent --no-pager -o cat | grep -i 'subsystem=pia' | tail -8 | sed 's/^/    journal: /'
+check no-token-in-journal sh -c '! journalctl -u nodeagent --no-pager -o cat | grep -qE "[0-9a-f]{128}"'
+kill "$stub_pid"; wait "$stub_pid"
+
+# --- 7. systemd-analyze security -------------------------------------------
 begin security
 systemd-analyze security --no-pager nodeagent.service | sed 's/^/    /'
 score=$(systemd-analyze security --no-pager nodeagent.service | grep -o 'Overall exposure level for nodeagent.service: [0-9.]* [A-Z]*')
 echo "@@deb:score ${score##*: }@@"
 check printed test -n "$score"
 
-# --- 7. purge -------------------------------------------------------------
+# --- 8. purge -------------------------------------------------------------
 begin purge
 check purge dpkg --purge nodeagent
 check stopped sh -c '! systemctl is-active --quiet nodeagent'

@@ -163,4 +163,3 @@ func (l *Lab) NoLeaks(t testing.TB, when string) {
 func (l *Lab) FarSaw(t testing.TB) (exit, other int) {
 	return Count(t, l.Stub.Inet, "far", "in", "exit"), Count(t, l.Stub.Inet, "far", "in", "other") + Count(t, l.Stub.Inet, "far", "in", "other6")
 }
-
