@@ -107,6 +107,11 @@ func TestPIATunnel(t *testing.T) {
 	if got := l.Stub.AddKeys(); got != 1 {
 		t.Errorf("addKey requests: %d, want 1", got)
 	}
+	// The list first, then the token from the region's meta server (no
+	// DNS needed), not the www host.
+	if m, w := l.Stub.Count("token:meta:amsterdam401"), l.Stub.Count("token:www"); m != 1 || w != 0 {
+		t.Errorf("token requests: %d at the meta server, %d at the www host; want 1 and 0", m, w)
+	}
 	// IPv6 from the VLAN has no tunnel (PIA is IPv4 only): it must fail
 	// closed, not leave by the main table.
 	if _, err := l.LAN.TryExec("ping", "-6", "-c", "2", "-i", "0.2", "-W", "1", "2001:db8:1::2"); err == nil {
@@ -506,4 +511,43 @@ kubernetes:
 			}
 		}
 	}
+}
+
+// TestPIAAutoRegion: region auto takes the region whose first meta server
+// answers a TCP connect soonest; one that does not answer loses.
+func TestPIAAutoRegion(t *testing.T) {
+	l := piastub.NewLab(t, piastub.Options{}, "auto")
+	l.Stub.Servers[0].MetaDown() // stub_ams's first meta server
+	r := startPIA(t, l, fastPIA)
+	waitHealthy(t, r, 60*time.Second)
+	if tu := tunnel(r); tu.Region != "stub_nyc" || tu.ServerCN != "newyork403" {
+		t.Errorf("auto chose %s (%s), want stub_nyc: stub_ams's meta server does not answer, stub_gone is offline", tu.Region, tu.ServerCN)
+	}
+	waitFor(t, "traffic", 10*time.Second, l.PingFar)
+}
+
+// TestPIASlowAPI: PIA's API answering slower than the call deadline is a
+// timeout in status, never a wedged loop: the daemon answers its API and
+// keeps converging meanwhile; once the API is quick again, it registers.
+func TestPIASlowAPI(t *testing.T) {
+	l := piastub.NewLab(t, piastub.Options{}, "stub_ams")
+	l.Stub.Slow(12 * time.Second) // over the 10 s bound of a call
+	r := startPIA(t, l, fastPIA)
+	for i := 0; i < 5; i++ {
+		t0 := time.Now()
+		p := r.d.Plan(t.Context())
+		if d := time.Since(t0); d > time.Second || p.Error != "" {
+			t.Fatalf("a plan asked while PIA is slow took %s (error %q)", d, p.Error)
+		}
+		time.Sleep(time.Second)
+	}
+	waitFor(t, "the timeout in status", 40*time.Second, func() bool {
+		return strings.Contains(tunnel(r).LastError, "deadline exceeded") || strings.Contains(tunnel(r).LastError, "timeout")
+	})
+	if n := l.Stub.AddKeys(); n != 0 || tunnel(r).Healthy {
+		t.Errorf("registered while the API timed out: %d addKey requests", n)
+	}
+	l.Stub.Slow(0)
+	waitHealthy(t, r, 60*time.Second)
+	l.NoLeaks(t, "slow API")
 }

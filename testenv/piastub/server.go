@@ -154,7 +154,13 @@ func (srv *Server) Down() {
 	srv.fault("ip daddr { " + srv.Meta.String() + ", " + srv.WG.String() + " } drop")
 }
 
-// Up undoes StopUDP and Down.
+// MetaDown makes the server's meta address answer nothing (a region whose
+// meta server is unreachable loses the latency race).
+func (srv *Server) MetaDown() {
+	srv.fault("ip daddr " + srv.Meta.String() + " drop")
+}
+
+// Up undoes StopUDP, Down and MetaDown.
 func (srv *Server) Up() {
 	s := srv.stub
 	out := s.NS.Exec(s.t, "nft", "-a", "list", "chain", "inet", "stubfault", "in")

@@ -19,7 +19,8 @@ import (
 // step stays the phase while the provider waits to retry it (RetryAt).
 type Phase string
 
-// The phases, in the order a tunnel comes up.
+// The phases, in the order a tunnel comes up (the list comes first when
+// none is cached: its meta servers are asked for the token).
 const (
 	PhaseToken       Phase = "token"       // getting a token
 	PhaseList        Phase = "list"        // fetching the server list
@@ -325,14 +326,16 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 		return false
 	}
 	switch {
-	case p.token == "" || (p.reg == nil || p.needReg) && now.Sub(p.tokenAt) > p.t.TokenRefresh:
-		p.phase = PhaseToken
-		p.startToken(ctx)
 	case p.list == nil || now.Sub(p.listAt) > p.t.ListRefresh && (p.needReg || p.healthy):
+		// The list first: its meta servers give a token without DNS
+		// (PIA.md §1), and the region's servers come from it.
 		if p.needReg || p.reg == nil {
 			p.phase = PhaseList
 		}
 		p.startList(ctx)
+	case p.token == "" || (p.reg == nil || p.needReg) && now.Sub(p.tokenAt) > p.t.TokenRefresh:
+		p.phase = PhaseToken
+		p.startToken(ctx)
 	case p.needReg && p.region == nil:
 		p.phase = PhaseServer
 		p.startRegion(ctx)
