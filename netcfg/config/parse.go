@@ -229,6 +229,13 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		d.decodeDuration(n, v, path)
 		return
 	}
+	if sh, ok := v.Interface().(interface{ shorthand() string }); ok && v.Kind() == reflect.Struct && n.Kind == yaml.ScalarNode {
+		// A scalar where a struct is allowed to be written short
+		// (portForward: true): it sets the one field named.
+		f, _ := yamlFields(v.Type())[sh.shorthand()]
+		d.decode(n, v.Field(f), fieldPath(path, sh.shorthand()))
+		return
+	}
 	switch v.Kind() {
 	case reflect.Pointer:
 		p := reflect.New(v.Type().Elem())

@@ -116,8 +116,13 @@ type PIA struct {
 	// password) or YAML {username: ..., password: ...}. It must be owned by
 	// root and readable by root only (chmod 600). Never logged.
 	CredentialsFile string `yaml:"credentialsFile"`
-	// PortForward asks PIA for a forwarded port (regions that have it).
-	PortForward bool `yaml:"portForward"`
+	// PortForward asks PIA for a forwarded port (regions that have it),
+	// keeps it bound and delivers it. "portForward: true" is short for
+	// {enabled: true}.
+	PortForward PortForward `yaml:"portForward"`
+	// DNS sends the DNS of some sources to PIA's resolvers through the
+	// tunnel.
+	DNS PIADNS `yaml:"dns"`
 	// ServerList is the URL of PIA's signed server list; default
 	// https://serverlist.piaservers.net/vpninfo/servers/v6.
 	ServerList string `yaml:"serverList"`
@@ -134,6 +139,36 @@ type PIA struct {
 	// WebCAFile is the roots (PEM) for the token and list hosts; default
 	// the system's roots (they use the public web PKI).
 	WebCAFile string `yaml:"webCAFile"`
+}
+
+// PortForward is a PIA tunnel's forwarded port.
+type PortForward struct {
+	// Enabled asks for the port.
+	Enabled bool `yaml:"enabled"`
+	// To, when set, DNATs the forwarded port (TCP and UDP) arriving on the
+	// tunnel to this IPv4 address, which must sit in a subnet routed
+	// through this tunnel's kill-switch table (a pod on the VLAN).
+	To string `yaml:"to"`
+	// ToPort is the port at To; 0 is the forwarded port's own number.
+	ToPort int `yaml:"toPort"`
+	// OnChange is run (argv, no shell) once each time the port changes,
+	// with NODEAGENT_PIA_PORT and NODEAGENT_PIA_DEVICE in its environment,
+	// for at most 30 s; its output is logged. A failure is reported, not
+	// retried.
+	OnChange []string `yaml:"onChange"`
+}
+
+// shorthand lets "portForward: true" stand for {enabled: true}.
+func (PortForward) shorthand() string { return "enabled" }
+
+// PIADNS sends DNS to PIA's resolvers.
+type PIADNS struct {
+	// For lists IPv4 sources whose DNS (UDP and TCP port 53, to any
+	// address, the node's own included) is DNATed to the first answering
+	// of PIA's resolvers (addKey's dns_servers), so it leaves only through
+	// the tunnel, and is dropped while the tunnel is down. The node's own
+	// DNS is left alone.
+	For []string `yaml:"for"`
 }
 
 // Routing is policy routing: tables with routes, and rules.

@@ -210,6 +210,7 @@ func (v *validator) validate(c *Config) {
 	v.parentChains(links)
 	v.wireguard(c.WireGuard, seenAddrs)
 	v.routing(c.Routing)
+	v.piaRouting(c)
 	v.firewall(c.Firewall)
 	v.kubernetes(c)
 	v.checks(c.Checks)
@@ -445,6 +446,16 @@ func (v *validator) pia(p string, w WireGuard) {
 	v.absPath(fieldPath(pp, "caFile"), w.PIA.CAFile)
 	v.absPath(fieldPath(pp, "serverListKeyFile"), w.PIA.ServerListKeyFile)
 	v.absPath(fieldPath(pp, "webCAFile"), w.PIA.WebCAFile)
+	v.portForward(fieldPath(pp, "portForward"), w.PIA.PortForward)
+	dp := fieldPath(fieldPath(pp, "dns"), "for")
+	for i, s := range w.PIA.DNS.For {
+		ip := indexPath(dp, i)
+		if pfx, msg := parseNetPrefix(s); msg != "" {
+			v.errorf(ip, "%s", msg)
+		} else if !pfx.Addr().Is4() {
+			v.errorf(ip, "%s: PIA's resolvers are IPv4 only; IPv6 DNS from the VLAN is dropped by the kill switch anyway", s)
+		}
+	}
 	from := "a PIA tunnel gets its %s from PIA's addKey; remove %s or pia"
 	if len(w.Peers) > 0 {
 		v.errorf(fieldPath(p, "peers"), from, "peer", "peers")
@@ -457,6 +468,71 @@ func (v *validator) pia(p string, w WireGuard) {
 	}
 	if w.ListenPort != 0 {
 		v.errorf(fieldPath(p, "listenPort"), "a PIA tunnel only connects out (its port is the kernel's choice); remove listenPort or pia")
+	}
+}
+
+// portForward checks a PIA device's portForward section (where To sits is
+// checked against the routing by piaRouting, once the whole config is
+// known).
+func (v *validator) portForward(p string, pf PortForward) {
+	if pf.To != "" {
+		if a, msg := parseAddr(pf.To); msg != "" {
+			v.errorf(fieldPath(p, "to"), "%s", msg)
+		} else if !a.Is4() {
+			v.errorf(fieldPath(p, "to"), "%s: PIA forwards IPv4 only", pf.To)
+		}
+		if !pf.Enabled {
+			v.errorf(fieldPath(p, "to"), "set, but enabled is false")
+		}
+	}
+	v.intRange(fieldPath(p, "toPort"), pf.ToPort, 0, 65535)
+	if pf.ToPort != 0 && pf.To == "" {
+		v.errorf(fieldPath(p, "toPort"), "needs to (the address the port is forwarded to)")
+	}
+	if len(pf.OnChange) > 0 {
+		v.check(indexPath(fieldPath(p, "onChange"), 0), checkAbsPath(pf.OnChange[0]))
+	}
+}
+
+// piaRouting checks that a PIA device's portForward.to sits in a subnet
+// the node routes through that device's kill-switch table: a rule from a
+// prefix holding it, to a kill-switch table with a route by the device.
+// Anywhere else, the replies to the forwarded connections would not leave
+// by the tunnel.
+func (v *validator) piaRouting(c *Config) {
+	for i, w := range c.WireGuard {
+		if w.PIA == nil || w.PIA.PortForward.To == "" {
+			continue
+		}
+		to, err := netip.ParseAddr(w.PIA.PortForward.To)
+		if err != nil {
+			continue // reported already
+		}
+		tables := map[int]bool{}
+		for _, t := range c.Routing.Tables {
+			if t.KillSwitch && slices.ContainsFunc(t.Routes, func(r Route) bool { return r.Dev == w.Name }) {
+				tables[t.ID] = true
+			}
+		}
+		var via []string
+		ok := false
+		for _, r := range c.Routing.Rules {
+			if !tables[r.Table] || r.From == "" {
+				continue
+			}
+			via = append(via, r.From)
+			if p, err := netip.ParsePrefix(r.From); err == nil && p.Contains(to) {
+				ok = true
+			}
+		}
+		if !ok {
+			where := "no routing.rules send any source to a killSwitch table with a route by " + w.Name
+			if len(via) > 0 {
+				where = "the sources routed through " + w.Name + "'s kill-switch table are " + strings.Join(via, ", ")
+			}
+			v.errorf(fieldPath(fieldPath(fieldPath(indexPath("wireguard", i), "pia"), "portForward"), "to"),
+				"%s is not in a subnet routed through the tunnel (%s): replies to the forwarded port would not leave by it", to, where)
+		}
 	}
 }
 

@@ -110,10 +110,14 @@ const KillSwitchCounter = "ks_drops"
 // the filter chains look at them. It is a chain of its own because an
 // accept in the forward chain would end that chain before a clamp rule
 // placed after it ran.
+//
+// Destination NAT (a forwarded port, DNS sent to a tunnel's resolver) runs
+// at dstnat (-100), as nft's own prerouting nat chains do.
 const (
 	ForwardPriority = -10
 	ManglePriority  = -150
 	SrcNATPriority  = 100
+	DstNATPriority  = -100
 )
 
 // Chain names.
@@ -121,6 +125,7 @@ const (
 	forwardChain     = "forward"
 	mssChain         = "mssclamp"
 	postroutingChain = "postrouting"
+	preroutingChain  = "prerouting"
 )
 
 // nftTableFOwner is NFT_TABLE_F_OWNER (Linux 5.12): a table only the
@@ -159,6 +164,24 @@ type KillSwitch struct {
 	AllowOut []string
 }
 
+// PortForward sends TCP and UDP for Port arriving on In to To:ToPort, and
+// accepts it in nodeagent's forward chain: a VPN provider's forwarded port
+// delivered to a host behind the tunnel. Nothing else arriving on In is
+// opened.
+type PortForward struct {
+	In     string
+	Port   uint16
+	To     netip.Addr // IPv4
+	ToPort uint16
+}
+
+// DNSRedirect sends DNS (UDP and TCP port 53, to any address) from From to
+// the resolver To: a VLAN's DNS kept inside its tunnel.
+type DNSRedirect struct {
+	From []netip.Prefix // IPv4
+	To   netip.Addr     // IPv4
+}
+
 // Desired is the whole desired state of this subsystem. The zero value
 // wants no table at all.
 type Desired struct {
@@ -168,7 +191,9 @@ type Desired struct {
 	KillSwitch []KillSwitch
 	// MSSClamp lists interfaces whose forwarded TCP SYNs, in and out, get
 	// their MSS lowered to what the route's MTU allows.
-	MSSClamp []string
+	MSSClamp    []string
+	PortForward []PortForward
+	DNS         []DNSRedirect
 }
 
 // Equal reports whether d and e want the same ruleset entries in the same
@@ -176,6 +201,8 @@ type Desired struct {
 func (d Desired) Equal(e Desired) bool {
 	return slices.Equal(d.Masquerade, e.Masquerade) && slices.Equal(d.SNAT, e.SNAT) &&
 		slices.Equal(d.Forward, e.Forward) && slices.Equal(d.MSSClamp, e.MSSClamp) &&
+		slices.Equal(d.PortForward, e.PortForward) &&
+		slices.EqualFunc(d.DNS, e.DNS, func(a, b DNSRedirect) bool { return a.To == b.To && slices.Equal(a.From, b.From) }) &&
 		slices.EqualFunc(d.KillSwitch, e.KillSwitch, func(a, b KillSwitch) bool {
 			return a.From == b.From && slices.Equal(a.AllowOut, b.AllowOut)
 		})
@@ -183,7 +210,7 @@ func (d Desired) Equal(e Desired) bool {
 
 // Empty reports whether d wants no table.
 func (d Desired) Empty() bool {
-	return len(d.Masquerade)+len(d.SNAT)+len(d.Forward)+len(d.KillSwitch)+len(d.MSSClamp) == 0
+	return len(d.Masquerade)+len(d.SNAT)+len(d.Forward)+len(d.KillSwitch)+len(d.MSSClamp)+len(d.PortForward)+len(d.DNS) == 0
 }
 
 // Table is one nftables table as nodeagent renders it: desired (built from
@@ -294,7 +321,7 @@ func (d Desired) Tables() []Table {
 				[]expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: KillSwitchCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}))
 		}
 	}
-	if len(d.Forward) > 0 {
+	if len(d.Forward) > 0 || len(d.PortForward) > 0 {
 		fwd = append(fwd, rule("", ctStateEstablishedRelated(), []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}))
 		seen := map[Forward]bool{}
 		for _, f := range d.Forward {
@@ -304,6 +331,23 @@ func (d Desired) Tables() []Table {
 			seen[f] = true
 			fwd = append(fwd, rule("", ifnameIs(expr.MetaKeyIIFNAME, f.In), ifnameIs(expr.MetaKeyOIFNAME, f.Out),
 				[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}))
+		}
+	}
+
+	// Forwarded ports: the DNAT in prerouting, the accept here.
+	var pre []Rule
+	for _, pf := range d.PortForward {
+		for _, proto := range []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			pre = append(pre, rule("", ifnameIs(expr.MetaKeyIIFNAME, pf.In), l4Dport(proto, pf.Port), dnatTo(pf.To, pf.ToPort)))
+			fwd = append(fwd, rule("", ifnameIs(expr.MetaKeyIIFNAME, pf.In), daddrIs(pf.To), l4Dport(proto, pf.ToPort),
+				[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}))
+		}
+	}
+	// DNS to a tunnel's resolver, sources grouped by resolver.
+	for _, r := range d.DNS {
+		src := b.prefixSet("dns_"+strings.ReplaceAll(r.To.String(), ".", "_"), false, r.From)
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			pre = append(pre, rule("", saddrInSet(false, src), l4Dport(proto, 53), dnatTo(r.To, 0)))
 		}
 	}
 
@@ -380,6 +424,12 @@ func (d Desired) Tables() []Table {
 			Name: mssChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward,
 			Priority: nftables.ChainPriorityRef(ManglePriority), Policy: &accept,
 		}, Rules: mss})
+	}
+	if len(pre) > 0 {
+		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
+			Name: preroutingChain, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting,
+			Priority: nftables.ChainPriorityRef(DstNATPriority), Policy: &accept,
+		}, Rules: pre})
 	}
 	if len(post) > 0 {
 		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
@@ -634,6 +684,43 @@ func snatTo(a netip.Addr) []expr.Any {
 		&expr.Immediate{Register: 1, Data: a.AsSlice()},
 		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: fam, RegAddrMin: 1},
 	}
+}
+
+// l4Dport is `meta l4proto P th dport N`.
+func l4Dport(proto byte, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)},
+	}
+}
+
+// daddrIs is `ip daddr A` (IPv4).
+func daddrIs(a netip.Addr) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()},
+	}
+}
+
+// dnatTo is `dnat ip to A` or, with a port, `dnat ip to A:P` (IPv4; the
+// nfproto guard nft puts before it in an inet table comes first).
+func dnatTo(a netip.Addr, port uint16) []expr.Any {
+	out := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Immediate{Register: 1, Data: a.AsSlice()},
+	}
+	nat := &expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1}
+	if port != 0 {
+		out = append(out, &expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, port)})
+		nat.RegProtoMin = 2
+		nat.Specified = true
+	}
+	return append(out, nat)
 }
 
 func sortedUnique(ss []string) []string {

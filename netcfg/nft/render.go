@@ -323,6 +323,21 @@ func match(es []any) (string, int) {
 		}
 		return nil
 	}
+	// dnat ip to A[:P], behind its meta nfproto ipv4 guard.
+	if m, ok := at(0).(*expr.Meta); ok && isLoad(m, expr.MetaKeyNFPROTO) {
+		c, ok1 := at(1).(*expr.Cmp)
+		im, ok2 := at(2).(*expr.Immediate)
+		if ok1 && ok2 && isCmp(c, expr.CmpOpEq, 1) && c.Data[0] == unix.NFPROTO_IPV4 && im.Register == 1 && len(im.Data) == 4 {
+			a, _ := netip.AddrFromSlice(im.Data)
+			port, n := "", 3
+			if ip, ok := at(3).(*expr.Immediate); ok && ip.Register == 2 && len(ip.Data) == 2 {
+				port, n = fmt.Sprintf(":%d", binary.BigEndian.Uint16(ip.Data)), 4
+			}
+			if nat, ok := at(n).(*expr.NAT); ok && isDNAT(nat, port != "") {
+				return "dnat ip to " + a.String() + port, n + 1
+			}
+		}
+	}
 	// meta nfproto ipvX; payload saddr/daddr; lookup or cmp.
 	if m, ok := at(0).(*expr.Meta); ok && isLoad(m, expr.MetaKeyNFPROTO) {
 		c, ok1 := at(1).(*expr.Cmp)
@@ -370,6 +385,20 @@ func match(es []any) (string, int) {
 		c, ok2 := at(2).(*expr.Cmp)
 		if ok1 && ok2 && isMaskTest(b, c, 4) {
 			return "ct state " + ctStates(binary.NativeEndian.Uint32(b.Mask)), 3
+		}
+	}
+	// meta l4proto P th dport N.
+	if m, ok := at(0).(*expr.Meta); ok && isLoad(m, expr.MetaKeyL4PROTO) {
+		c, ok1 := at(1).(*expr.Cmp)
+		p, ok2 := at(2).(*expr.Payload)
+		c2, ok3 := at(3).(*expr.Cmp)
+		if ok1 && ok2 && ok3 && isCmp(c, expr.CmpOpEq, 1) && isLoadPayload(p, expr.PayloadBaseTransportHeader) &&
+			p.Offset == 2 && p.Len == 2 && isCmp(c2, expr.CmpOpEq, 2) {
+			proto := map[byte]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[c.Data[0]]
+			if proto == "" {
+				proto = fmt.Sprint(c.Data[0])
+			}
+			return fmt.Sprintf("meta l4proto %s th dport %d", proto, binary.BigEndian.Uint16(c2.Data)), 4
 		}
 	}
 	// tcp flags X.
@@ -436,6 +465,20 @@ func matchRHS(e any, n int, value func([]byte) string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// isDNAT reports whether n is nodeagent's IPv4 DNAT to the address in
+// register 1 and, withPort, the port in register 2. The kernel reports a
+// minimum register given alone as the maximum too.
+func isDNAT(n *expr.NAT, withPort bool) bool {
+	want := expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: n.RegAddrMax}
+	if withPort {
+		want.RegProtoMin, want.RegProtoMax, want.Specified = 2, n.RegProtoMax, true
+		if n.RegProtoMax != 0 && n.RegProtoMax != 2 {
+			return false
+		}
+	}
+	return (n.RegAddrMax == 0 || n.RegAddrMax == 1) && *n == want
 }
 
 func isLoad(m *expr.Meta, key expr.MetaKey) bool {
