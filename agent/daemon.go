@@ -110,6 +110,8 @@ type Daemon struct {
 	// results back to the loop.
 	pia   map[string]*piaTunnel
 	piaEv chan pia.Event
+	// hookEv carries finished onChange runs back to the loop.
+	hookEv chan hookResult
 
 	// stall wedges the loop for the given time (the test hook, also sent
 	// by SIGUSR2 when TestHooks is on).
@@ -150,7 +152,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d := &Daemon{
 		o: o, log: o.Log, kick: make(chan trigger, 16), reqs: make(chan request), stall: make(chan time.Duration, 1),
-		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16),
+		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
 	d.host = o.Host
 	if d.host == nil {

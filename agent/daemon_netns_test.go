@@ -598,8 +598,15 @@ func TestSdNotify(t *testing.T) {
 		t.Error("no STATUS= line was sent")
 	}
 	r.stop(t)
-	if msgs := n.all(); !has(msgs[len(msgs)-1].text, "STOPPING=1") {
-		t.Errorf("last message %q, want STOPPING=1", msgs[len(msgs)-1].text)
+	// The datagram is sent before Run returns; the test's reader may take
+	// a moment to have it.
+	last := func() string { msgs := n.all(); return msgs[len(msgs)-1].text }
+	deadline := time.Now().Add(2 * time.Second)
+	for !has(last(), "STOPPING=1") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !has(last(), "STOPPING=1") {
+		t.Errorf("last message %q, want STOPPING=1", last())
 	}
 }
 

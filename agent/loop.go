@@ -139,6 +139,8 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				pending = merge(pending, trigEvent)
 				arm(0)
 			}
+		case h := <-d.hookEv:
+			d.hookDone(h)
 		case ev := <-d.piaEv:
 			if d.handlePIA(ctx, ev) {
 				pending = merge(pending, trigProvider)

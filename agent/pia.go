@@ -5,9 +5,17 @@ import (
 	"crypto/rsa"
 	"fmt"
 	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -33,13 +41,24 @@ type piaSetup struct {
 	id string
 	// err is why no provider can run (a CA file that cannot be read).
 	err error
+	pf  config.PortForward
+	to  netip.Addr
+	dns []netip.Prefix
 }
 
-// piaTunnel is one running provider, or why none runs.
+// piaTunnel is one running provider, or why none runs, with what the
+// config asks of its port and DNS.
 type piaTunnel struct {
 	p   *pia.Provider
 	id  string
 	err error
+	pf  config.PortForward
+	to  netip.Addr // pf.To parsed; invalid when unset
+	dns []netip.Prefix
+	// hooking: onChange runs now (for the port it was started with).
+	hooking bool
+	// written is the port the port file holds (0: no file).
+	written int
 }
 
 // dialIn dials from h's namespace.
@@ -63,7 +82,13 @@ func readPIA(c *config.Config, o Options, h *host.Host, timers pia.Timers) map[s
 		if w.PIA == nil {
 			continue
 		}
-		s := piaSetup{id: fmt.Sprintf("%s|%s|%+v|%s", w.Name, w.PrivateKeyFile, *w.PIA, o.StateDir)}
+		s := piaSetup{id: fmt.Sprintf("%s|%s|%+v|%s", w.Name, w.PrivateKeyFile, *w.PIA, o.StateDir), pf: w.PIA.PortForward}
+		s.to, _ = netip.ParseAddr(w.PIA.PortForward.To)
+		for _, f := range w.PIA.DNS.For {
+			if p, err := netip.ParsePrefix(f); err == nil {
+				s.dns = append(s.dns, p.Masked())
+			}
+		}
 		s.cfg, s.err = piaConfig(w, o, h, timers)
 		if s.err == nil {
 			s.boot = pia.ReadBoot(s.cfg)
@@ -104,7 +129,7 @@ func piaConfig(w config.WireGuard, o Options, h *host.Host, timers pia.Timers) (
 		}
 	}
 	return pia.Config{
-		Device: w.Name, KeyFile: w.PrivateKeyFile, Region: p.Region, PortForward: p.PortForward,
+		Device: w.Name, KeyFile: w.PrivateKeyFile, Region: p.Region, PortForward: p.PortForward.Enabled, DNS: len(p.DNS.For) > 0,
 		CredentialsFile: p.CredentialsFile, API: a, Store: pia.StoreAt(o.StateDir), Host: h,
 		Timers: timers,
 	}, nil
@@ -125,7 +150,10 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 		if t, ok := d.pia[name]; ok && t.id == s.id && t.err == nil && s.err == nil {
 			continue
 		}
-		t := &piaTunnel{id: s.id, err: s.err}
+		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns}
+		if old, ok := d.pia[name]; ok {
+			t.written = old.written
+		}
 		if s.err == nil {
 			cfg := s.cfg
 			cfg.Count = func(what, result string) { d.metrics.PIA(name, what, result) }
@@ -152,9 +180,29 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 			des.WG.Devices[i].Broken = "pia: " + t.err.Error()
 		default:
 			des.WG.Devices[i] = t.p.Device(dev)
+			des.Nft = t.firewall(dev.Name, des.Nft)
 		}
 	}
 	return des
+}
+
+// firewall is n with the tunnel's forwarded port DNATed to pf.to, and
+// the DNS of pf.dns sent to its resolver. Without a port (none bound
+// yet) nothing is forwarded; DNS is redirected whatever the tunnel's
+// state, so that while it is down DNS is dropped by the kill switch
+// rather than answered by the node's own resolver.
+func (t *piaTunnel) firewall(dev string, n nft.Desired) nft.Desired {
+	if port := t.p.Port(); port != 0 && t.to.IsValid() {
+		to := t.pf.ToPort
+		if to == 0 {
+			to = port
+		}
+		n.PortForward = append(slices.Clone(n.PortForward), nft.PortForward{In: dev, Port: uint16(port), To: t.to, ToPort: uint16(to)})
+	}
+	if len(t.dns) > 0 {
+		n.DNS = append(slices.Clone(n.DNS), nft.DNSRedirect{From: t.dns, To: t.p.DNS()})
+	}
+	return n
 }
 
 // stepPIA moves every provider on with its device as observed in o; it
@@ -249,6 +297,9 @@ func (d *Daemon) publishPIA() {
 			}
 		}
 	}
+	for _, name := range names {
+		d.publishPort(name, d.pia[name])
+	}
 	d.mu.Lock()
 	d.status.PIA = tunnels
 	d.mu.Unlock()
@@ -258,6 +309,122 @@ func (d *Daemon) publishPIA() {
 		d.setCondition(api.CondTunnelHealthy, api.False, reason, strings.Join(sick, "; "))
 	}
 	d.refreshHealth()
+}
+
+// portDir is where the port files go: beside the API socket, in pia/
+// (/run/nodeagent/pia by default); "" when the daemon serves no socket.
+func (d *Daemon) portDir() string {
+	if d.o.Socket == "" {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(d.o.Socket), "pia")
+}
+
+// publishPort keeps the port's file and metric current and runs onChange
+// once for each new port.
+func (d *Daemon) publishPort(name string, t *piaTunnel) {
+	if t.p == nil {
+		return
+	}
+	port := t.p.Port()
+	d.metrics.SetForwardedPort(name, port)
+	if dir := d.portDir(); dir != "" && port != 0 && port != t.written {
+		err := os.MkdirAll(dir, 0o755)
+		if err == nil {
+			err = fsafe.WriteFile(filepath.Join(dir, name+".port"), []byte(strconv.Itoa(port)+"\n"), 0o644)
+		}
+		if err != nil {
+			d.log.Warn("writing the forwarded port's file", "device", name, "err", err)
+		} else {
+			t.written = port
+		}
+	}
+	if port == 0 || port == t.p.Notified() || t.hooking {
+		return
+	}
+	if len(t.pf.OnChange) == 0 {
+		t.p.SetNotified(port)
+		return
+	}
+	t.hooking = true
+	argv := slices.Clone(t.pf.OnChange)
+	go func() {
+		r := runHook(argv, name, port)
+		select {
+		case d.hookEv <- r:
+		case <-time.After(time.Minute):
+		}
+	}()
+}
+
+// hookTimeout bounds an onChange run.
+const hookTimeout = 30 * time.Second
+
+// hookResult is one onChange run.
+type hookResult struct {
+	device string
+	port   int
+	out    string
+	err    error
+	took   time.Duration
+}
+
+// runHook runs argv (no shell) with the port in its environment, for at
+// most hookTimeout, and returns its output (the first 4 KiB).
+func runHook(argv []string, device string, port int) hookResult {
+	ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
+	defer cancel()
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "NODEAGENT_PIA_PORT="+strconv.Itoa(port), "NODEAGENT_PIA_DEVICE="+device)
+	cmd.WaitDelay = time.Second
+	var out capped
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("timed out after %s", hookTimeout)
+	}
+	return hookResult{device: device, port: port, out: out.String(), err: err, took: time.Since(start)}
+}
+
+// capped keeps the first 4 KiB written to it.
+type capped struct{ b []byte }
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := 4096 - len(c.b); room > 0 {
+		c.b = append(c.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string { return strings.TrimSpace(string(c.b)) }
+
+// hookDone logs an onChange run and records its port as announced:
+// a failing hook is reported, never retried.
+func (d *Daemon) hookDone(r hookResult) {
+	t, ok := d.pia[r.device]
+	if !ok || t.p == nil {
+		return
+	}
+	t.hooking = false
+	if r.err != nil {
+		d.log.Error("onChange failed; not retried until the port changes again", "device", r.device, "port", r.port, "err", r.err, "output", r.out)
+	} else {
+		d.log.Info("onChange ran", "device", r.device, "port", r.port, "took", r.took.Round(time.Millisecond), "output", r.out)
+	}
+	t.p.SetNotified(r.port)
+	d.publishPIA() // the port may have changed again meanwhile
+}
+
+// piaPorts are the forwarded ports, by device, for the Node annotation.
+func (d *Daemon) piaPorts() map[string]int {
+	out := map[string]int{}
+	for name, t := range d.pia {
+		if t.p != nil && t.p.Port() != 0 {
+			out[name] = t.p.Port()
+		}
+	}
+	return out
 }
 
 func tunnelStatus(s pia.Status, now time.Time) api.PIATunnel {
@@ -283,6 +450,10 @@ func tunnelStatus(s pia.Status, now time.Time) api.PIATunnel {
 	}
 	if !s.Handshake.IsZero() {
 		out.HandshakeAgeSeconds = int64(now.Sub(s.Handshake) / time.Second)
+	}
+	out.ForwardedPort, out.PortExpires, out.LastBind, out.PortError = s.Port, opt(s.PortExpires), opt(s.LastBind), s.PortError
+	if s.DNS.IsValid() {
+		out.DNS = s.DNS.String()
 	}
 	return out
 }
@@ -323,7 +494,7 @@ func cachedRegion(stateDir string) func(config.PIA) string {
 		switch {
 		case !ok:
 			return fmt.Sprintf("%q is not a region of PIA's server list (cached %s); nodeagent plan lists none, see PIA's region ids", p.Region, at.UTC().Format("2006-01-02"))
-		case p.PortForward && !r.PortForward:
+		case p.PortForward.Enabled && !r.PortForward:
 			return fmt.Sprintf("region %s has no port forwarding (PIA's server list, cached %s); choose another region or portForward: false", p.Region, at.UTC().Format("2006-01-02"))
 		}
 		return ""

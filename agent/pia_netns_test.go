@@ -439,9 +439,10 @@ func TestPIARestart(t *testing.T) {
 }
 
 // TestPIALabelsAndSecrets: the conditional label wireguard/DEV/healthy
-// follows the PIA tunnel (on a real kube-apiserver, with the node's own
-// identity), and no secret (token, password, private key) appears in the
-// log, the plan, the status JSON, the metrics or the Node.
+// follows the PIA tunnel and the forwarded port is annotated (on a real
+// kube-apiserver, with the node's own identity), and no secret (token,
+// password, private key, port payload or signature) appears in the log,
+// the plan, the status JSON, the metrics or the Node.
 func TestPIALabelsAndSecrets(t *testing.T) {
 	if testenv.InVM() {
 		t.Skip("the host tier runs this: the VM has no etcd or kube-apiserver")
@@ -465,6 +466,7 @@ kubernetes:
   conditionalLabels:
     - {key: %s, value: "true", when: wireguard/%s/healthy}
 `, kubeconfig, label, l.Dev)
+	l.PIA = "      portForward: true"
 	l.WriteConfig(t, "stub_ams")
 	r := startPIA(t, l, fastPIA)
 	node := func() *corev1.Node {
@@ -475,6 +477,10 @@ kubernetes:
 		return n
 	}
 	waitFor(t, "the label with the tunnel healthy", 90*time.Second, func() bool { return node().Labels[label] == "true" })
+	waitFor(t, "the forwarded port's annotation", 60*time.Second, func() bool {
+		p := tunnel(r).ForwardedPort
+		return p != 0 && node().Annotations["nodeagent.io/pia-forwarded-port"] == fmt.Sprint(p)
+	})
 	for _, s := range l.Stub.Servers {
 		s.Down()
 	}
@@ -495,6 +501,13 @@ kubernetes:
 	}
 	if len(secrets) < 3 {
 		t.Fatal("the stub issued no token")
+	}
+	pls := l.Stub.IssuedPayloads()
+	if len(pls) == 0 {
+		t.Fatal("the stub issued no port-forwarding payload")
+	}
+	for i, pl := range pls {
+		secrets[fmt.Sprintf("port-forwarding payload or signature %d", i)] = pl
 	}
 	st, _ := json.Marshal(r.d.Status())
 	plan, _ := json.Marshal(r.d.Plan(ctx))

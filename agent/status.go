@@ -240,7 +240,7 @@ func (d *Daemon) snapshot(at time.Time, post netcfg.Plans, devs []api.WireGuardD
 		}
 		summary = "degraded: " + strings.Join(why, ", ")
 	}
-	return kube.Snapshot{Conditions: conds, WireGuard: devs, Summary: summary, At: at}
+	return kube.Snapshot{Conditions: conds, WireGuard: devs, PIAPorts: d.piaPorts(), Summary: summary, At: at}
 }
 
 // refreshHealth derives Ready and Degraded from the conditions: ready once

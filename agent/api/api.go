@@ -175,6 +175,15 @@ type PIATunnel struct {
 	RetryAt     *time.Time `json:"retryAt,omitempty"`
 	// ProbeFailures counts unanswered probes of the server in a row.
 	ProbeFailures int `json:"probeFailures,omitempty"`
+	// ForwardedPort is the port PIA forwards (0: none); PortExpires when
+	// its signature ends, LastBind the last good bind, PortError the last
+	// port-forwarding failure.
+	ForwardedPort int        `json:"forwardedPort,omitempty"`
+	PortExpires   *time.Time `json:"portExpires,omitempty"`
+	LastBind      *time.Time `json:"lastBind,omitempty"`
+	PortError     string     `json:"portError,omitempty"`
+	// DNS is the resolver the VLAN's DNS is sent to (with pia.dns).
+	DNS string `json:"dns,omitempty"`
 }
 
 // Condition returns the condition of the given type, or nil.

@@ -127,12 +127,31 @@ func desiredState(cfg Config, s Snapshot, h hysteresis) desired {
 	if sum := summary(s.Summary); sum != "" {
 		d.Annotations[AnnotationStatus] = sum
 	}
+	if v := piaPorts(s.PIAPorts); v != "" {
+		d.Annotations[AnnotationPIAPort] = v
+	}
 	if len(cfg.WireGuardServers) > 0 {
 		list, total := wireGuardLive(cfg.WireGuardServers, s.WireGuard, s.At)
 		d.Annotations[AnnotationWireGuardLive] = list
 		d.Annotations[AnnotationWireGuardLivePeers] = strconv.Itoa(total)
 	}
 	return d
+}
+
+// piaPorts is AnnotationPIAPort's value for ports, "" for none.
+func piaPorts(ports map[string]int) string {
+	devs := slices.Sorted(maps.Keys(ports))
+	switch len(devs) {
+	case 0:
+		return ""
+	case 1:
+		return strconv.Itoa(ports[devs[0]])
+	}
+	parts := make([]string, len(devs))
+	for i, d := range devs {
+		parts[i] = d + "=" + strconv.Itoa(ports[d])
+	}
+	return strings.Join(parts, ",")
 }
 
 // summary is s on one line, cut to maxSummary bytes without splitting a

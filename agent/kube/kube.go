@@ -55,6 +55,10 @@ const (
 	// AnnotationWireGuardLive is the same per server device, sorted by
 	// name: "wg0=2/5" means 2 of its 5 peers are live.
 	AnnotationWireGuardLive = "nodeagent.io/wireguard-live"
+	// AnnotationPIAPort is the port PIA forwards to the node: the number
+	// for one PIA device with a port, "wg-pia=47047,wg-pia2=51000" (sorted
+	// by device) for several; absent while there is none.
+	AnnotationPIAPort = "nodeagent.io/pia-forwarded-port"
 )
 
 // Defaults of Config fields left at zero.
@@ -177,6 +181,9 @@ type Snapshot struct {
 	Conditions map[string]bool
 	// WireGuard is every configured WireGuard device with its peers.
 	WireGuard []api.WireGuardDevice
+	// PIAPorts are the PIA devices' forwarded ports (devices without one
+	// left out).
+	PIAPorts map[string]int
 	// Summary is a one-line status for AnnotationStatus. Keep it free of
 	// counters and times: every change is a write to the Node.
 	Summary string

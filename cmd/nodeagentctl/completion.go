@@ -92,7 +92,7 @@ _nodeagentctl() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         w="${COMP_WORDS[i]}"
         case "$w" in
-        status|plan|reload|peers|wait|completion|version)
+        status|plan|reload|peers|port|wait|completion|version)
             cmd="$w"
             break
             ;;
@@ -113,7 +113,7 @@ _nodeagentctl() {
         return
     fi
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "status plan reload peers wait completion version" -- "$cur"))
+        COMPREPLY=($(compgen -W "status plan reload peers port wait completion version" -- "$cur"))
     fi
 }
 
@@ -151,6 +151,7 @@ _nodeagentctl() {
         'plan:show what a sync would change'
         'reload:re-read the config (root only)'
         'peers:show WireGuard devices and peers'
+        'port:print the port PIA forwards'
         'wait:wait until the node is ready or a condition holds'
         'completion:print a shell completion script'
         'version:print the version'

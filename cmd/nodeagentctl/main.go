@@ -52,6 +52,8 @@ Usage:
   nodeagentctl reload                   re-read the config (root only); a rejected config is not applied
                                         and the running one stays
   nodeagentctl peers [-o table|json]    WireGuard devices and their peers
+  nodeagentctl port [DEVICE]            the port PIA forwards to DEVICE (or the only PIA device): the
+                                        number alone, for scripts; exit 1 when there is none
   nodeagentctl wait [--for=COND] [--timeout=DUR]
                                         poll every 250ms until COND holds; COND is ready (the default:
                                         converged with nothing failed, as READY=1; a degraded node is
@@ -81,6 +83,7 @@ Exit status:
   wait        0 COND holds, 1 timed out, interrupted or refused (a 4xx reply); an unreachable
               daemon is waited for, not reported
   plan, peers 0 success, 1 failure (plan: something could not be planned), 2 daemon unreachable
+  port        0 printed, 1 no port (yet) or no such device, 2 daemon unreachable or several devices
   reload      0 reloaded, 1 config rejected or reload refused (not root), 2 daemon unreachable
   any         2 usage error
 `
@@ -106,14 +109,17 @@ type cli struct {
 var commands = map[string]struct {
 	flags []string
 	args  int
+	// optional: up to args arguments.
+	optional bool
 }{
-	"status":     {[]string{"output"}, 0},
-	"plan":       {nil, 0},
-	"reload":     {nil, 0},
-	"peers":      {[]string{"output"}, 0},
-	"wait":       {[]string{"for", "timeout"}, 0},
-	"completion": {nil, 1},
-	"version":    {nil, 0},
+	"port":       {nil, 1, true},
+	"status":     {[]string{"output"}, 0, false},
+	"plan":       {nil, 0, false},
+	"reload":     {nil, 0, false},
+	"peers":      {[]string{"output"}, 0, false},
+	"wait":       {[]string{"for", "timeout"}, 0, false},
+	"completion": {nil, 1, false},
+	"version":    {nil, 0, false},
 }
 
 // options are the parsed flags.
@@ -169,7 +175,10 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	if misplaced != "" {
 		return c.usageError("--%s does not apply to %s", misplaced, name)
 	}
-	if len(rest) != cmd.args {
+	if len(rest) != cmd.args && !(cmd.optional && len(rest) < cmd.args) {
+		if cmd.optional {
+			return c.usageError("%s takes at most %d argument, got %d", name, cmd.args, len(rest))
+		}
 		if cmd.args == 0 {
 			return c.usageError("%s takes no arguments, got %q", name, rest)
 		}
@@ -196,6 +205,8 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		return c.reload(ctx, client)
 	case "peers":
 		return c.peers(ctx, client, o.output)
+	case "port":
+		return c.port(ctx, client, rest)
 	case "wait":
 		target, err := parseFor(o.forCond)
 		if err != nil {
@@ -300,6 +311,41 @@ func (c *cli) reload(ctx context.Context, client *api.Client) int {
 		return exitFailure
 	}
 	fmt.Fprintf(c.stdout, "reloaded (config %s)\n", r.ConfigHash)
+	return exitOK
+}
+
+// port prints the port PIA forwards to the PIA device named (or the only
+// one), and nothing else, for scripts; exit 1 when there is none.
+func (c *cli) port(ctx context.Context, client *api.Client, args []string) int {
+	s, err := client.Status(ctx)
+	if err != nil {
+		return c.fail("port", err)
+	}
+	var found []api.PIATunnel
+	for _, t := range s.PIA {
+		if len(args) == 0 || t.Device == args[0] {
+			found = append(found, t)
+		}
+	}
+	switch {
+	case len(found) == 0 && len(args) > 0:
+		fmt.Fprintf(c.stderr, "nodeagentctl: port: no PIA device %q\n", clean(args[0]))
+		return exitFailure
+	case len(found) == 0:
+		fmt.Fprintln(c.stderr, "nodeagentctl: port: no PIA device")
+		return exitFailure
+	case len(found) > 1:
+		fmt.Fprintln(c.stderr, "nodeagentctl: port: several PIA devices; name one")
+		return exitUsage
+	case found[0].ForwardedPort == 0:
+		why := "none forwarded yet"
+		if found[0].PortError != "" {
+			why += ": " + clean(found[0].PortError)
+		}
+		fmt.Fprintf(c.stderr, "nodeagentctl: port: %s: %s\n", clean(found[0].Device), why)
+		return exitFailure
+	}
+	fmt.Fprintln(c.stdout, found[0].ForwardedPort)
 	return exitOK
 }
 

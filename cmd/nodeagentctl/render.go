@@ -124,6 +124,15 @@ func renderPIA(b *strings.Builder, t api.PIATunnel, now time.Time) {
 	if t.ServerList != "" {
 		field("server list", "%s", clean(t.ServerList))
 	}
+	if t.ForwardedPort != 0 {
+		field("forwarded port", "%d, bound %s, signature until %s", t.ForwardedPort, opt(t.LastBind), opt(t.PortExpires))
+	}
+	if t.PortError != "" {
+		field("port error", "%s", clean(t.PortError))
+	}
+	if t.DNS != "" {
+		field("DNS", "%s (through the tunnel)", clean(t.DNS))
+	}
 	if t.ProbeFailures > 0 {
 		field("probes unanswered", "%d", t.ProbeFailures)
 	}

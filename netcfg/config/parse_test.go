@@ -155,6 +155,20 @@ func TestParseInvalid(t *testing.T) {
 			`nodeagent.yaml:4: wireguard[0].pia.region: "Amsterdam NL" is not a PIA region id`},
 		{"pia server list not https", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      serverList: http://serverlist.piaservers.net/vpninfo/servers/v6\n",
 			`nodeagent.yaml:6: wireguard[0].pia.serverList: "http://serverlist.piaservers.net/vpninfo/servers/v6" is not an https URL`},
+		{"pia port forward to v6", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: {enabled: true, to: \"fd00::1\"}\n",
+			`nodeagent.yaml:6: wireguard[0].pia.portForward.to: fd00::1: PIA forwards IPv4 only`},
+		{"pia port forward to without routing", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: {enabled: true, to: 10.10.50.10}\n",
+			`nodeagent.yaml:6: wireguard[0].pia.portForward.to: 10.10.50.10 is not in a subnet routed through the tunnel (no routing.rules send any source to a killSwitch table with a route by wg-pia)`},
+		{"pia port forward to outside the routed subnet", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: {enabled: true, to: 10.10.60.10}\nrouting:\n  tables: [{id: 150, killSwitch: true, routes: [{to: default, dev: wg-pia}]}]\n  rules: [{priority: 1000, from: 10.10.50.0/24, table: 150}]\n",
+			`wireguard[0].pia.portForward.to: 10.10.60.10 is not in a subnet routed through the tunnel (the sources routed through wg-pia's kill-switch table are 10.10.50.0/24)`},
+		{"pia onChange relative", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward:\n        enabled: true\n        onChange: [qbt-set-port]\n",
+			`wireguard[0].pia.portForward.onChange[0]: "qbt-set-port" is not an absolute path`},
+		{"pia toPort without to", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: {enabled: true, toPort: 8080}\n",
+			`wireguard[0].pia.portForward.toPort: needs to (the address the port is forwarded to)`},
+		{"pia portForward not a bool", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: yes please\n",
+			`wireguard[0].pia.portForward.enabled: expected true or false`},
+		{"pia dns v6", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      dns: {for: [\"fd00:50::/64\"]}\n",
+			`wireguard[0].pia.dns.for[0]: fd00:50::/64: PIA's resolvers are IPv4 only`},
 		{"pia relative caFile", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      caFile: pia.crt\n",
 			`nodeagent.yaml:6: wireguard[0].pia.caFile: "pia.crt" is not an absolute path`},
 
@@ -360,7 +374,7 @@ func TestExampleHomelab(t *testing.T) {
 	if len(c.VLANs) != 2 || c.VLANs[0].Name != "enp1s0.50" || c.VLANs[0].ID != 50 || c.VLANs[1].ID != 49 {
 		t.Errorf("VLANs = %+v", c.VLANs)
 	}
-	if len(c.WireGuard) != 2 || c.WireGuard[0].PIA == nil || c.WireGuard[1].ListenPort != 51820 {
+	if len(c.WireGuard) != 2 || c.WireGuard[0].PIA == nil || !c.WireGuard[0].PIA.PortForward.Enabled || c.WireGuard[1].ListenPort != 51820 {
 		t.Errorf("WireGuard = %+v", c.WireGuard)
 	}
 	wantRules := []Rule{{Priority: 1000, From: "10.10.50.0/24", Table: 150, Action: "table"}}
@@ -725,5 +739,22 @@ func TestParseFwMark(t *testing.T) {
 func TestLoadMissingFile(t *testing.T) {
 	if _, err := Load(filepath.Join(t.TempDir(), "nope.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Load(missing) error = %v; want ErrNotExist", err)
+	}
+}
+
+// TestPortForwardForms: "portForward: true" is short for {enabled: true};
+// the long form carries the delivery.
+func TestPortForwardForms(t *testing.T) {
+	const base = "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: "
+	c, err := parseTest(t, base+"true\n")
+	if err != nil || !c.WireGuard[0].PIA.PortForward.Enabled {
+		t.Fatalf("short form: %+v, %v", c, err)
+	}
+	c, err = parseTest(t, base+"\n        enabled: true\n        onChange: [/usr/local/bin/qbt-set-port, --port]\n      dns: {for: [10.10.50.0/24]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pf := c.WireGuard[0].PIA.PortForward; !pf.Enabled || len(pf.OnChange) != 2 || c.WireGuard[0].PIA.DNS.For[0] != "10.10.50.0/24" {
+		t.Errorf("long form: %+v", c.WireGuard[0].PIA)
 	}
 }

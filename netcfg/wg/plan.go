@@ -198,7 +198,9 @@ func planPeers(d Device, od ObservedDevice, o Observed) []Op {
 // one configured as an address gets that address back; one configured as a
 // host name is re-pointed when it resolves elsewhere and the peer has not
 // completed a handshake in peerlive.Stale (so a live session on an address
-// the name no longer gives stays up until it fails).
+// the name no longer gives stays up until it fails); so is one that Roams
+// (a VPN provider's server, which may answer from another address of its
+// own).
 func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) Field {
 	var f Field
 	if ep.IsValid() && ep != op.Endpoint {
@@ -207,7 +209,7 @@ func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) Field {
 			literal = true
 		}
 		stale := peerlive.IsStale(op.LastHandshake, o.Time)
-		if literal || stale || !op.Endpoint.IsValid() {
+		if literal && !p.Roams || stale || !op.Endpoint.IsValid() {
 			f |= FieldEndpoint
 		}
 	}

@@ -109,6 +109,11 @@ type Peer struct {
 	Endpoint   string
 	AllowedIPs []netip.Prefix // sorted, masked
 	Keepalive  time.Duration
+	// Roams: Endpoint, even an address, is where the session starts; the
+	// endpoint WireGuard learns from the peer's packets is kept while the
+	// session is live (a VPN provider's server answering from another
+	// of its addresses must not be fought every poll).
+	Roams bool
 }
 
 // Desired is the whole desired state of this subsystem.

@@ -31,8 +31,9 @@ type Lab struct {
 	Config        string
 	Files         Files
 	Cred          string
-	// Extra is appended to the config WriteConfig writes.
-	Extra string
+	// Extra is appended to the config WriteConfig writes; PIA is added
+	// to the device's pia section (indented by six spaces).
+	Extra, PIA string
 }
 
 // NewLab builds the gateway scenario and writes a config whose PIA device
@@ -56,7 +57,9 @@ func NewLab(t testing.TB, o Options, region string) *Lab {
 		"nft add chain inet leak pre { type filter hook prerouting priority -400 ; }",
 		`nft add rule inet leak pre ip saddr 10.10.50.0/24 counter comment "vlan4"`,
 		`nft add rule inet leak pre ip6 saddr fd00:50::/64 counter comment "vlan6"`,
-		`nft add rule inet leak pre ip daddr `+Far.String()+` meta l4proto icmp counter comment "plain"`)
+		`nft add rule inet leak pre ip daddr `+Far.String()+` meta l4proto icmp counter comment "plain"`,
+		`nft add rule inet leak pre udp dport 53 counter comment "dns-udp"`,
+		`nft add rule inet leak pre tcp dport 53 counter comment "dns-tcp"`)
 	Sysctl(t, l.WAN, "net/ipv4/ip_forward", "1")
 	Sysctl(t, l.WAN, "net/ipv6/conf/all/forwarding", "1")
 	run(t, l.Stub.Inet, "ip route add default via "+Exit.String(),
@@ -98,6 +101,7 @@ wireguard:
       caFile: %[6]s
       serverListKeyFile: %[7]s
       webCAFile: %[8]s
+%[9]s
 routing:
   tables:
     - id: 150
@@ -115,7 +119,7 @@ firewall:
   killSwitch:
     - {from: 10.10.50.0/24, allowOut: [%[1]s]}
   mssClamp: [%[1]s]
-`, l.Dev, region, l.Cred, l.Files.ServerList, l.Files.TokenURL, l.Files.CAFile, l.Files.ServerListKeyFile, l.Files.WebCAFile) + l.Extra
+`, l.Dev, region, l.Cred, l.Files.ServerList, l.Files.TokenURL, l.Files.CAFile, l.Files.ServerListKeyFile, l.Files.WebCAFile, l.PIA) + l.Extra
 	if err := os.WriteFile(l.Config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +160,12 @@ func (l *Lab) NoLeaks(t testing.TB, when string) {
 	if v4, v6, plain := l.Leaks(t); v4+v6+plain > 0 {
 		t.Errorf("%s: VLAN packets reached the WAN namespace outside the tunnel: v4 %d, v6 %d, plaintext to the far side %d", when, v4, v6, plain)
 	}
+}
+
+// DNSLeaks counts plaintext DNS (UDP and TCP port 53) seen in the WAN
+// namespace, from anyone.
+func (l *Lab) DNSLeaks(t testing.TB) int {
+	return Count(t, l.WAN, "leak", "pre", "dns-udp") + Count(t, l.WAN, "leak", "pre", "dns-tcp")
 }
 
 // FarSaw counts packets the far side received from the stub's exit

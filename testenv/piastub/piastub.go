@@ -109,6 +109,14 @@ type Stub struct {
 	tamper      bool
 	slow        time.Duration
 	servers     []*http.Server
+	// port forwarding
+	payloads         map[string]*payload
+	bound            map[int]*bound
+	bindTTL          time.Duration
+	payloadTTL       time.Duration
+	bindUnauthorized int
+	refuseBinds      bool
+	stopped          chan struct{}
 }
 
 // Start builds the stub's namespaces, servers and WireGuard peers. It is
@@ -123,7 +131,9 @@ func Start(t testing.TB, o Options) *Stub {
 	}
 	s := &Stub{t: t, opts: o, NS: testenv.NewNetNS(t), Inet: testenv.NewNetNS(t),
 		root: newCA("stub PIA root"), web: newCA("stub web CA"), stranger: newCA("a stranger CA"),
-		counts: map[string]int{}, times: map[string][]time.Time{}, tokens: map[string]time.Time{}, tokenTTL: 24 * time.Hour, regions: o.Regions}
+		counts: map[string]int{}, times: map[string][]time.Time{}, tokens: map[string]time.Time{}, tokenTTL: 24 * time.Hour, regions: o.Regions,
+		payloads: map[string]*payload{}, bound: map[int]*bound{}, bindTTL: 15 * time.Minute, payloadTTL: 60 * 24 * time.Hour,
+		stopped: make(chan struct{})}
 	s.listKey, s.listKeyPEM = newListKey()
 	t.Cleanup(s.stop)
 
@@ -132,6 +142,7 @@ func Start(t testing.TB, o Options) *Stub {
 		"nft add table ip stubnat",
 		"nft add chain ip stubnat post { type nat hook postrouting priority 100 ; }",
 		"nft add rule ip stubnat post oifname inet0 ip saddr 10.0.0.0/8 masquerade",
+		"nft add chain ip stubnat pre { type nat hook prerouting priority -100 ; }",
 		"nft add table inet stubfault",
 		"nft add chain inet stubfault in { type filter hook input priority -10 ; }",
 		"ip addr add "+WWW.String()+"/32 dev lo")
@@ -152,10 +163,14 @@ func Start(t testing.TB, o Options) *Stub {
 			cert := srv.leaf()
 			s.serve(srv.Meta, 443, s.serverTLS(srv, cert), srv.metaMux())
 			s.serve(srv.WG, 1337, s.serverTLS(srv, cert), srv.wgMux())
+			s.serve(srv.VIP, 19999, s.serverTLS(srv, cert), srv.pfMux())
+			s.serve(srv.WG, 19999, s.serverTLS(srv, cert), srv.pfMux())
 			s.Servers = append(s.Servers, srv)
 			k++
 		}
 	}
+	s.startDNS()
+	go s.expireBinds(s.stopped)
 	return s
 }
 
@@ -197,6 +212,7 @@ func (s *Stub) serve(addr netip.Addr, port int, tc *tls.Config, h http.Handler) 
 }
 
 func (s *Stub) stop() {
+	close(s.stopped)
 	s.mu.Lock()
 	servers := s.servers
 	s.servers = nil

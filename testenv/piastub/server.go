@@ -34,13 +34,13 @@ type Server struct {
 	VIP    netip.Addr // server_vip: 10.(10+index).0.1
 	Port   int        // the WireGuard UDP port (server_port)
 
-	dev    string
-	kernel bool
-	us     *wg.Userspace
-	key    wgtypes.Key
-	next   int             // the last peer IP's host part handed out
-	peers  map[string]peer // account -> its key on this server
-	faults []string        // nft rules of StopUDP/Down, by handle comment
+	dev      string
+	kernel   bool
+	us       *wg.Userspace
+	key      wgtypes.Key
+	next     int             // the last peer IP's host part handed out
+	peers    map[string]peer // account -> its key on this server
+	busyNext int             // binds to answer 409
 }
 
 type peer struct {
@@ -124,6 +124,7 @@ func (srv *Server) Restart() {
 	defer s.mu.Unlock()
 	srv.newKey()
 	srv.peers = map[string]peer{}
+	srv.forgetPorts()
 }
 
 // PublicKey is the server's current WireGuard public key.
@@ -253,7 +254,7 @@ func (srv *Server) wgMux() http.Handler {
 		writeJSON(w, map[string]any{
 			"status": "OK", "server_key": srv.key.PublicKey().String(), "server_port": srv.Port,
 			"server_ip": srv.WG.String(), "server_vip": srv.VIP.String(), "peer_ip": ip.String(),
-			"peer_pubkey": key.String(), "dns_servers": []string{"10.0.0.243", "10.0.0.242"},
+			"peer_pubkey": key.String(), "dns_servers": []string{DNSServers[0].String(), DNSServers[1].String()},
 		})
 	})
 	return m

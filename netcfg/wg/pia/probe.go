@@ -94,3 +94,48 @@ func checksum(b []byte) uint16 {
 	}
 	return ^uint16(s)
 }
+
+// ProbeDNS asks the resolver server, through device dev, for the root's
+// NS records and waits up to timeout for any answer to that query.
+func ProbeDNS(h *host.Host, dev string, server netip.Addr, timeout time.Duration) error {
+	if !server.Is4() {
+		return errors.New("dns probe: not an IPv4 address")
+	}
+	return h.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+		if err != nil {
+			return fmt.Errorf("dns probe: %w", err)
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev); err != nil {
+			return fmt.Errorf("dns probe: bind to %s: %w", dev, err)
+		}
+		var id [2]byte
+		rand.Read(id[:])
+		// Header: id, RD, one question; the root, type NS, class IN.
+		q := []byte{id[0], id[1], 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 1}
+		if err := unix.Sendto(fd, q, 0, &unix.SockaddrInet4{Addr: server.As4(), Port: 53}); err != nil {
+			return fmt.Errorf("dns probe: send: %w", err)
+		}
+		deadline := time.Now().Add(timeout)
+		buf := make([]byte, 1500)
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return fmt.Errorf("dns probe: no answer from %s through %s within %s", server, dev, timeout)
+			}
+			tv := unix.NsecToTimeval(left.Nanoseconds())
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+			n, from, err := unix.Recvfrom(fd, buf, 0)
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("dns probe: receive: %w", err)
+			}
+			if sa, ok := from.(*unix.SockaddrInet4); ok && netip.AddrFrom4(sa.Addr) == server && n >= 12 && buf[0] == id[0] && buf[1] == id[1] && buf[2]&0x80 != 0 {
+				return nil
+			}
+		}
+	})
+}

@@ -64,6 +64,18 @@ type Timers struct {
 	CredentialsBackoff time.Duration
 	// ServerFailures on one server move to the region's next (3).
 	ServerFailures int
+	// BindEvery is how often the forwarded port is bound again (15m; PIA
+	// removes a port not bound for that long).
+	BindEvery time.Duration
+	// BindRetry is the wait after a failed bind, with a new signature
+	// (5s).
+	BindRetry time.Duration
+	// RenewBefore: a signature with less than this left is replaced (7
+	// days; a payload lasts about two months).
+	RenewBefore time.Duration
+	// DNSEvery is how often PIA's resolvers are probed for the one DNS is
+	// sent to (5m).
+	DNSEvery time.Duration
 }
 
 func (t Timers) withDefaults() Timers {
@@ -82,6 +94,10 @@ func (t Timers) withDefaults() Timers {
 	def(&t.BackoffMin, time.Second)
 	def(&t.BackoffMax, 5*time.Minute)
 	def(&t.CredentialsBackoff, 15*time.Minute)
+	def(&t.BindEvery, 15*time.Minute)
+	def(&t.BindRetry, 5*time.Second)
+	def(&t.RenewBefore, 7*24*time.Hour)
+	def(&t.DNSEvery, 5*time.Minute)
 	if t.ProbeFailures <= 0 {
 		t.ProbeFailures = 3
 	}
@@ -99,9 +115,11 @@ type Config struct {
 	Device string
 	// KeyFile is the device's configured private key file; "" means the
 	// store keeps a generated key.
-	KeyFile         string
-	Region          string // an id, or "auto"
-	PortForward     bool
+	KeyFile     string
+	Region      string // an id, or "auto"
+	PortForward bool
+	// DNS: the device's DNS redirect is on, so its resolvers are probed.
+	DNS             bool
 	CredentialsFile string
 	API             *API
 	Store           Store
@@ -161,10 +179,22 @@ type Observation struct {
 // Event is the result of a provider's network call, handed back to the
 // loop that started it.
 type Event struct {
-	p   *Provider
-	seq int
-	res any
+	p    *Provider
+	kind callKind
+	seq  int
+	res  any
 }
+
+// callKind is which of a provider's call slots an Event is for: the
+// registration's steps, the probe, port forwarding, or the DNS probe.
+type callKind int
+
+const (
+	callMain callKind = iota
+	callProbe
+	callPF
+	callDNS
+)
 
 // Provider is the state machine that keeps one device registered with PIA.
 // Only the loop goroutine calls its methods; its calls run in their own
@@ -198,6 +228,23 @@ type Provider struct {
 	probing    bool
 	healthy    bool
 
+	// Port forwarding: the signature in use, when the next call on it is
+	// due, the port published (bound at least once) and the one onChange
+	// last ran for.
+	sig      *Signature
+	pfBusy   bool
+	pfAt     time.Time
+	bound    time.Time
+	port     int
+	notified int
+	pfErr    string
+	pfTried  bool // a new signature was tried after a failed bind
+	pfN      int  // consecutive port-forwarding failures
+	// DNS: the resolver found answering, and when to look again.
+	dnsActive netip.Addr
+	dnsBusy   bool
+	dnsAt     time.Time
+
 	seq      int // of the call in flight, 0 when none
 	retryAt  time.Time
 	backoffN int
@@ -219,6 +266,11 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 	}
 	p.token, p.tokenAt = b.Saved.Token, b.Saved.TokenAt
 	p.list, p.listAt = b.List, b.ListAt
+	if pf := b.Saved.PF; pf != nil && cfg.PortForward {
+		// Bound again from the saved payload, without a new signature;
+		// the port stays published, and onChange is not run again.
+		p.sig, p.port, p.notified = pf.Sig, pf.Port, pf.Notified
+	}
 	if r := b.Saved.Reg; r != nil && r.PublicKey == b.Key.PublicKey().String() && p.regionAllows(r.Region) {
 		// Re-adopt: the device runs with this registration (or will, once
 		// configured); the handshake says whether it is alive.
@@ -276,7 +328,7 @@ func Overlay(d wg.Device, key wg.Key, reg *Registration) wg.Device {
 	d.Addrs = []netip.Prefix{netip.PrefixFrom(reg.PeerIP, 32)}
 	d.Peers = []wg.Peer{{
 		PublicKey: sk, Name: "pia " + reg.Server.CN, Endpoint: reg.Endpoint().String(),
-		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, Keepalive: Keepalive,
+		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, Keepalive: Keepalive, Roams: true,
 	}}
 	return d
 }
@@ -322,6 +374,12 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 			return true
 		}
 	}
+	if p.healthy && p.cfg.PortForward {
+		p.stepPF(ctx, now)
+	}
+	if p.healthy && p.cfg.DNS {
+		p.stepDNS(ctx, now)
+	}
 	if p.seq != 0 || now.Before(p.retryAt) {
 		return false
 	}
@@ -360,11 +418,14 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 	if p.configured.IsZero() {
 		p.configured, p.rx, p.rxAt, p.probeFails = now, obs.RxBytes, now, 0
 	}
+	// A handshake proves the round trip; received bytes only postpone
+	// probing (a server whose receive path is dead may still be sending:
+	// retransmissions, its keepalives), so they clear no failed probe.
 	if obs.LastHandshake.After(p.handshake) {
-		p.handshake = obs.LastHandshake
+		p.handshake, p.probeFails = obs.LastHandshake, 0
 	}
 	if obs.RxBytes != p.rx {
-		p.rx, p.rxAt, p.probeFails = obs.RxBytes, now, 0
+		p.rx, p.rxAt = obs.RxBytes, now
 	}
 	// Only a handshake made after the registration proves it: a peer
 	// registered again with the same server keeps its old handshake time.
@@ -470,13 +531,18 @@ func (p *Provider) nextServer(now time.Time, s Server) {
 // call runs fn off the loop with a deadline and hands its result back.
 func (p *Provider) call(ctx context.Context, timeout time.Duration, fn func(context.Context) any) {
 	p.seq++
-	seq := p.seq
+	p.run(ctx, callMain, p.seq, timeout, fn)
+}
+
+// run runs fn in a goroutine with a deadline and sends its result to the
+// loop as an Event of kind.
+func (p *Provider) run(ctx context.Context, kind callKind, seq int, timeout time.Duration, fn func(context.Context) any) {
 	go func() {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		res := fn(cctx)
 		select {
-		case p.events <- Event{p: p, seq: seq, res: res}:
+		case p.events <- Event{p: p, kind: kind, seq: seq, res: res}:
 		case <-ctx.Done():
 		}
 	}()
@@ -589,13 +655,7 @@ func (p *Provider) startAddKey(ctx context.Context) {
 func (p *Provider) startProbe(ctx context.Context) {
 	p.probing, p.probeAt = true, p.now()
 	h, dev, vip, timeout := p.cfg.Host, p.cfg.Device, p.reg.ServerVIP, p.t.ProbeTimeout
-	go func() {
-		err := Ping(h, dev, vip, timeout)
-		select {
-		case p.events <- Event{p: p, seq: -1, res: probeResult{err}}:
-		case <-ctx.Done():
-		}
-	}()
+	p.run(ctx, callProbe, 0, 2*timeout, func(context.Context) any { return probeResult{Ping(h, dev, vip, timeout)} })
 }
 
 // Handle takes the result of a call this provider started. It reports
@@ -604,7 +664,15 @@ func (p *Provider) Handle(ctx context.Context, ev Event) bool {
 	if ev.p != p {
 		return false
 	}
-	if ev.seq == -1 {
+	switch ev.kind {
+	case callPF:
+		p.pfBusy = false
+		return p.handlePF(ev.res) || p.Step(ctx, p.lastObs())
+	case callDNS:
+		p.dnsBusy = false
+		return p.handleDNS(ev.res.(dnsResult))
+	}
+	if ev.kind == callProbe {
 		p.probing = false
 		if r := ev.res.(probeResult); r.err != nil && p.reg != nil && !p.needReg {
 			p.probeFails++
@@ -732,7 +800,11 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 }
 
 func (p *Provider) save() {
-	if err := p.cfg.Store.Save(p.cfg.Device, Saved{Token: p.token, TokenAt: p.tokenAt, Reg: p.reg}); err != nil {
+	v := Saved{Token: p.token, TokenAt: p.tokenAt, Reg: p.reg}
+	if p.sig != nil || p.port != 0 {
+		v.PF = &SavedPF{Sig: p.sig, Port: p.port, Notified: p.notified}
+	}
+	if err := p.cfg.Store.Save(p.cfg.Device, v); err != nil {
 		p.log.Warn("saving the registration", "err", err)
 	}
 }
@@ -755,6 +827,15 @@ type Status struct {
 	LastErrorAt time.Time
 	RetryAt     time.Time // when a failed step is retried; zero when not waiting
 	ProbeFails  int
+	// Port is the forwarded port (0: none yet); PortExpires when its
+	// signature ends; LastBind the last good bind; PortError the last
+	// port-forwarding failure.
+	Port        int
+	PortExpires time.Time
+	LastBind    time.Time
+	PortError   string
+	// DNS is the resolver the DNS redirect sends to.
+	DNS netip.Addr
 }
 
 // Status reports the provider's state.
@@ -778,6 +859,13 @@ func (p *Provider) Status() Status {
 	}
 	if now := p.now(); p.retryAt.After(now) {
 		s.RetryAt = p.retryAt
+	}
+	s.Port, s.LastBind, s.PortError = p.port, p.bound, p.pfErr
+	if p.sig != nil && p.sig.Port == p.port {
+		s.PortExpires = p.sig.Expires
+	}
+	if p.cfg.DNS {
+		s.DNS = p.DNS()
 	}
 	return s
 }

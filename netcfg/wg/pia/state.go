@@ -51,6 +51,16 @@ type Saved struct {
 	TokenAt time.Time
 	// Reg is the registration the device runs with; nil when none.
 	Reg *Registration
+	// PF is the port forwarding's state; nil when none.
+	PF *SavedPF
+}
+
+// SavedPF is port forwarding's persisted state.
+type SavedPF struct {
+	// Sig is the signature in use (its payload and signature are secret).
+	Sig *Signature
+	// Port is the port published; Notified the one onChange last ran for.
+	Port, Notified int
 }
 
 // savedFile is Saved as written: the token in the clear (the file is
@@ -60,6 +70,18 @@ type savedFile struct {
 	Token        string        `json:"token,omitempty"`
 	TokenAt      time.Time     `json:"tokenAt,omitzero"`
 	Registration *Registration `json:"registration,omitempty"`
+	PortForward  *pfFile       `json:"portForward,omitempty"`
+}
+
+type pfFile struct {
+	Payload   string    `json:"payload,omitempty"`
+	Signature string    `json:"signature,omitempty"`
+	SigPort   int       `json:"signaturePort,omitempty"`
+	Expires   time.Time `json:"expires,omitzero"`
+	Server    string    `json:"server,omitempty"`
+	At        time.Time `json:"at,omitzero"`
+	Port      int       `json:"port,omitempty"`
+	Notified  int       `json:"notified,omitempty"`
 }
 
 func (s Store) path(dev, ext string) string { return filepath.Join(s.Dir, dev+ext) }
@@ -84,7 +106,15 @@ func (s Store) Load(dev string) (Saved, error) {
 	if err := json.Unmarshal(b, &f); err != nil || f.Version != 1 {
 		return Saved{}, fmt.Errorf("%s: not a state file of this version", s.path(dev, ".json"))
 	}
-	return Saved{Token: Secret(f.Token), TokenAt: f.TokenAt, Reg: f.Registration}, nil
+	v := Saved{Token: Secret(f.Token), TokenAt: f.TokenAt, Reg: f.Registration}
+	if pf := f.PortForward; pf != nil {
+		v.PF = &SavedPF{Port: pf.Port, Notified: pf.Notified}
+		if pf.Payload != "" {
+			v.PF.Sig = &Signature{Payload: Secret(pf.Payload), Signature: Secret(pf.Signature), Port: pf.SigPort,
+				Expires: pf.Expires, Server: pf.Server, At: pf.At}
+		}
+	}
+	return v, nil
 }
 
 // Save writes dev's state.
@@ -92,7 +122,15 @@ func (s Store) Save(dev string, v Saved) error {
 	if err := s.mkdir(); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(savedFile{Version: 1, Token: v.Token.Value(), TokenAt: v.TokenAt, Registration: v.Reg}, "", "  ")
+	f := savedFile{Version: 1, Token: v.Token.Value(), TokenAt: v.TokenAt, Registration: v.Reg}
+	if pf := v.PF; pf != nil {
+		f.PortForward = &pfFile{Port: pf.Port, Notified: pf.Notified}
+		if s := pf.Sig; s != nil {
+			f.PortForward.Payload, f.PortForward.Signature, f.PortForward.SigPort = s.Payload.Value(), s.Signature.Value(), s.Port
+			f.PortForward.Expires, f.PortForward.Server, f.PortForward.At = s.Expires, s.Server, s.At
+		}
+	}
+	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
 	}
