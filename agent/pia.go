@@ -180,7 +180,7 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 			des.WG.Devices[i].Broken = "pia: " + t.err.Error()
 		default:
 			des.WG.Devices[i] = t.p.Device(dev)
-			des.Nft = t.firewall(dev.Name, des.Nft)
+			des.Nft = t.firewall(dev.Name, des.Nft, t.p.Port(), t.p.DNS())
 		}
 	}
 	return des
@@ -191,8 +191,8 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 // yet) nothing is forwarded; DNS is redirected whatever the tunnel's
 // state, so that while it is down DNS is dropped by the kill switch
 // rather than answered by the node's own resolver.
-func (t *piaTunnel) firewall(dev string, n nft.Desired) nft.Desired {
-	if port := t.p.Port(); port != 0 && t.to.IsValid() {
+func (t *piaTunnel) firewall(dev string, n nft.Desired, port int, dns netip.Addr) nft.Desired {
+	if port != 0 && t.to.IsValid() {
 		to := t.pf.ToPort
 		if to == 0 {
 			to = port
@@ -200,7 +200,7 @@ func (t *piaTunnel) firewall(dev string, n nft.Desired) nft.Desired {
 		n.PortForward = append(slices.Clone(n.PortForward), nft.PortForward{In: dev, Port: uint16(port), To: t.to, ToPort: uint16(to)})
 	}
 	if len(t.dns) > 0 {
-		n.DNS = append(slices.Clone(n.DNS), nft.DNSRedirect{From: t.dns, To: t.p.DNS()})
+		n.DNS = append(slices.Clone(n.DNS), nft.DNSRedirect{From: t.dns, To: dns})
 	}
 	return n
 }
@@ -522,6 +522,23 @@ func planPIA(c *config.Config, des netcfg.Desired, o Options) netcfg.Desired {
 		if reg != nil && (key.IsZero() || reg.PublicKey != key.PublicKey().String()) {
 			reg = nil
 		}
+		// The firewall as the daemon would have it from the saved state:
+		// the saved port forwarded, DNS to the saved resolver.
+		t := &piaTunnel{pf: w.PIA.PortForward}
+		t.to, _ = netip.ParseAddr(w.PIA.PortForward.To)
+		for _, f := range w.PIA.DNS.For {
+			if p, err := netip.ParsePrefix(f); err == nil {
+				t.dns = append(t.dns, p.Masked())
+			}
+		}
+		port, dns := 0, pia.DefaultDNS
+		if saved.PF != nil && w.PIA.PortForward.Enabled {
+			port = saved.PF.Port
+		}
+		if reg != nil && len(reg.DNS) > 0 {
+			dns = reg.DNS[0]
+		}
+		des.Nft = t.firewall(dev.Name, des.Nft, port, dns)
 		if key.IsZero() {
 			if w.PrivateKeyFile == "" {
 				des.WG.Devices[i].Broken = "created and registered with PIA by nodeagent run (no key saved yet)"

@@ -730,3 +730,36 @@ func TestManPageCoversUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestPort: `nodeagentctl port` prints the number alone, exit 1 without
+// one (saying why on stderr), 2 when a device must be named.
+func TestPort(t *testing.T) {
+	one := &api.Status{PIA: []api.PIATunnel{{Device: "wg-pia", ForwardedPort: 47047}}}
+	none := &api.Status{PIA: []api.PIATunnel{{Device: "wg-pia", PortError: "bindPort at amsterdam401: HTTP 401"}}}
+	two := &api.Status{PIA: []api.PIATunnel{{Device: "wg-pia", ForwardedPort: 47047}, {Device: "wg-pia2", ForwardedPort: 51000}}}
+	for _, tt := range []struct {
+		name         string
+		status       *api.Status
+		args         []string
+		code         int
+		stdout, errs string
+	}{
+		{"one", one, nil, 0, "47047\n", ""},
+		{"named", two, []string{"wg-pia2"}, 0, "51000\n", ""},
+		{"none yet", none, nil, 1, "", "wg-pia: none forwarded yet: bindPort at amsterdam401: HTTP 401"},
+		{"unknown device", one, []string{"wg0"}, 1, "", `no PIA device "wg0"`},
+		{"no PIA at all", &api.Status{}, nil, 1, "", "no PIA device"},
+		{"several", two, nil, 2, "", "several PIA devices; name one"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := daemon(t, &fake{status: always(tt.status)})
+			r := run(t, nil, append([]string{"port", "--socket", sock}, tt.args...)...)
+			if r.code != tt.code || r.stdout != tt.stdout || !strings.Contains(r.stderr, tt.errs) {
+				t.Errorf("got %+v, want exit %d, stdout %q, stderr containing %q", r, tt.code, tt.stdout, tt.errs)
+			}
+		})
+	}
+	if r := run(t, nil, "port", "a", "b"); r.code != exitUsage {
+		t.Errorf("two arguments: %+v", r)
+	}
+}
