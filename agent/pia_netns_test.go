@@ -481,6 +481,13 @@ kubernetes:
 		p := tunnel(r).ForwardedPort
 		return p != 0 && node().Annotations["nodeagent.io/pia-forwarded-port"] == fmt.Sprint(p)
 	})
+	// A server restart brings a new port; the annotation follows.
+	first := tunnel(r).ForwardedPort
+	l.Stub.Servers[0].Restart()
+	waitFor(t, "the new port's annotation", 90*time.Second, func() bool {
+		p := tunnel(r).ForwardedPort
+		return p != 0 && p != first && node().Annotations["nodeagent.io/pia-forwarded-port"] == fmt.Sprint(p)
+	})
 	for _, s := range l.Stub.Servers {
 		s.Down()
 	}

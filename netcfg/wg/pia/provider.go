@@ -779,6 +779,10 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			reg := r.reg
 			p.reg, p.needReg = &reg, false
 			p.configured, p.handshake, p.healthy = time.Time{}, time.Time{}, false
+			// Port forwarding binds again as soon as the tunnel is up: a
+			// new registration may have lost the port (a new signature if
+			// so), and one on another server needs a new signature anyway.
+			p.pfAt, p.pfTried, p.dnsAt, p.dnsActive = time.Time{}, false, time.Time{}, netip.Addr{}
 			p.phase = PhaseConfiguring
 			p.save()
 			p.log.Info("registered", "server", reg.Server.CN, "server_ip", reg.ServerIP, "peer_ip", reg.PeerIP)
