@@ -18,7 +18,7 @@ VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
 VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
-.PHONY: build test test-unit test-vm test-deb deb man bench fuzz lint demo clean
+.PHONY: deps deps-demo build test test-unit test-vm test-deb deb man bench fuzz lint demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/nodeagent ./cmd/nodeagent
@@ -27,7 +27,7 @@ build:
 # Every tier that exists: unit + host-kernel netns (as root, with the VM
 # runner's own smoke test) and the VM tier,
 # then one summary over both logs.
-test:
+test: deps
 	@mkdir -p $(LOGDIR); status=0; \
 	$(GO) run ./testenv/cmd/kubeapiserver || status=1; \
 	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
@@ -82,5 +82,12 @@ clean:
 	rm -rf bin dist $(LOGDIR)
 
 # A lab in network namespaces running the real agent; never touches the host.
-demo: build
+# The Debian packages the tests (or the demo) need, installed when missing.
+deps:
+	./testenv/deps.sh test
+
+deps-demo:
+	./testenv/deps.sh demo
+
+demo: deps-demo build
 	./testenv/demo/demo.sh bin/nodeagent

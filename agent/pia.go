@@ -327,7 +327,11 @@ func (d *Daemon) publishPort(name string, t *piaTunnel) {
 		return
 	}
 	port := t.p.Port()
-	d.metrics.SetForwardedPort(name, port)
+	if t.pf.Enabled {
+		// 0 while none is bound: an alert can tell "port forwarding on,
+		// no port" from a device that never forwards one.
+		d.metrics.SetForwardedPort(name, port)
+	}
 	if dir := d.portDir(); dir != "" && port != 0 && port != t.written {
 		err := os.MkdirAll(dir, 0o755)
 		if err == nil {

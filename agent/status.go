@@ -17,6 +17,7 @@ import (
 // setCondition sets a condition, moving its transition time only when its
 // status changes.
 func (d *Daemon) setCondition(typ, status, reason, msg string) {
+	d.metrics.SetCondition(typ, status)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for i := range d.status.Conditions {
@@ -33,6 +34,7 @@ func (d *Daemon) setCondition(typ, status, reason, msg string) {
 }
 
 func (d *Daemon) removeCondition(typ string) {
+	d.metrics.SetCondition(typ, "")
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.status.Conditions = slices.DeleteFunc(d.status.Conditions, func(c api.Condition) bool { return c.Type == typ })
@@ -183,6 +185,9 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.publishPIA()
 	d.refreshHealth()
 	d.labeler.Update(d.snapshot(start, post, devs))
+	if c := d.labeler.Condition(); c.Type != "" {
+		d.metrics.SetCondition(c.Type, c.Status)
+	}
 	return failed
 }
 

@@ -56,6 +56,7 @@ type Metrics struct {
 	ready         prometheus.Gauge
 	registrations *prometheus.CounterVec
 	tokens        *prometheus.CounterVec
+	condition     *prometheus.GaugeVec
 
 	// killSwitchDrops is the last value read from the kernel's named nft
 	// counter; a CounterFunc exports it as is.
@@ -93,7 +94,7 @@ func New() *Metrics {
 		}, []string{"probe"}),
 		tunnelHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "tunnel_healthy",
-			Help: "Whether the tunnel on a WireGuard device is healthy (handshake under 180 s): 1 or 0.",
+			Help: "Whether the tunnel on a WireGuard device is healthy: for a PIA tunnel, what its provider says (registered, handshaken since, the server answering); for another device, a live peer (handshake under 180 s) or no peers. 1 or 0.",
 		}, []string{"device"}),
 		forwardedPort: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "forwarded_port",
@@ -105,7 +106,7 @@ func New() *Metrics {
 		}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "ready",
-			Help: "Whether the node is ready (first full convergence done, nothing failed): 1 or 0.",
+			Help: "Whether the node is ready and not degraded (what nodeagentctl status exits 0 for): 1 or 0.",
 		}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "pia_registrations_total",
@@ -115,6 +116,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "pia_tokens_total",
 			Help: "PIA token requests, by device and result (issued, refreshed, rejected, error).",
 		}, []string{"device", "result"}),
+		condition: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "condition",
+			Help: "The daemon's conditions (Ready, Converged, ConfigLoaded, KillSwitchArmed, SafeApply, ARPReachable, PeersConfigured, TunnelHealthy, LabelsSynced): 1 True, 0 False; absent while not reported.",
+		}, []string{"condition"}),
 		wg: newWireGuardCollector(time.Now),
 	}
 	// The known label values start at 0, so rate() and increase() work from
@@ -126,6 +131,11 @@ func New() *Metrics {
 	for _, k := range []string{DriftLink, DriftAddress, DriftRoute, DriftRule, DriftNftables, DriftWireGuardPeer, DriftSysctl} {
 		m.driftRepairs.WithLabelValues(k)
 	}
+	// The subsystems, as plan names them, so an alert on increase() sees a
+	// first error.
+	for _, sub := range []string{"links", "wireguard", "sysctls", "routes", "nftables"} {
+		m.syncErrors.WithLabelValues(sub)
+	}
 	killSwitchDrops := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: namespace, Name: "killswitch_drops_total",
 		Help: "Packets the kill switch dropped, from nodeagent's named nftables counter.",
@@ -133,7 +143,7 @@ func New() *Metrics {
 
 	m.Registry.MustRegister(
 		m.syncs, m.syncDuration, m.syncErrors, m.driftRepairs, m.rollbacks,
-		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, m.registrations, m.tokens, killSwitchDrops, m.wg,
+		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, m.registrations, m.tokens, m.condition, killSwitchDrops, m.wg,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -175,6 +185,19 @@ func (m *Metrics) SetWireGuard(devs []api.WireGuardDevice) {
 // SetTunnelHealthy sets whether the tunnel on device is healthy.
 func (m *Metrics) SetTunnelHealthy(device string, healthy bool) {
 	m.tunnelHealthy.WithLabelValues(device).Set(boolFloat(healthy))
+}
+
+// SetCondition exports a condition: status True is 1, False 0; anything
+// else removes it.
+func (m *Metrics) SetCondition(typ, status string) {
+	switch status {
+	case api.True:
+		m.condition.WithLabelValues(typ).Set(1)
+	case api.False:
+		m.condition.WithLabelValues(typ).Set(0)
+	default:
+		m.condition.DeleteLabelValues(typ)
+	}
 }
 
 // PIA counts a PIA provider's event: what is "registration" or "token",
@@ -313,22 +336,20 @@ type wgDevice struct {
 	name      string
 	peers     int
 	livePeers int
-	handshake []wgHandshake
-}
-
-type wgHandshake struct {
-	peer string
-	// at is the last handshake; when only an age was given, at is derived
-	// from it at set time so the age still grows until the next snapshot.
-	at time.Time
+	// latest is the device's most recent handshake with any peer (zero:
+	// none); when only an age was given, it is derived from it at set time
+	// so the age still grows until the next snapshot.
+	latest time.Time
 }
 
 func newWireGuardCollector(now func() time.Time) *wireGuardCollector {
 	return &wireGuardCollector{
 		now: now,
-		handshakeAge: prometheus.NewDesc(namespace+"_wireguard_peer_handshake_age_seconds",
-			"Seconds since the peer's last completed handshake; peers that never completed one are omitted.",
-			[]string{"device", "peer"}, nil),
+		// Per device, not per peer: a remote-access server has thousands
+		// of peers, and a label per key would be a series each.
+		handshakeAge: prometheus.NewDesc(namespace+"_wireguard_latest_handshake_age_seconds",
+			"Seconds since the device's most recent completed handshake with any peer (for a PIA tunnel, its server); omitted while none has completed.",
+			[]string{"device"}, nil),
 		peers: prometheus.NewDesc(namespace+"_wireguard_peers",
 			"Peers configured on the WireGuard device.",
 			[]string{"device"}, nil),
@@ -353,7 +374,9 @@ func (c *wireGuardCollector) set(devs []api.WireGuardDevice) {
 			default:
 				continue // never handshook: no age to report
 			}
-			sd.handshake = append(sd.handshake, wgHandshake{peer: p.PublicKey, at: at})
+			if at.After(sd.latest) {
+				sd.latest = at
+			}
 		}
 		snap = append(snap, sd)
 	}
@@ -379,9 +402,9 @@ func (c *wireGuardCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, d := range devs {
 		ch <- prometheus.MustNewConstMetric(c.peers, prometheus.GaugeValue, float64(d.peers), d.name)
 		ch <- prometheus.MustNewConstMetric(c.livePeers, prometheus.GaugeValue, float64(d.livePeers), d.name)
-		for _, h := range d.handshake {
-			age := max(now.Sub(h.at).Seconds(), 0) // a clock step must not export a negative age
-			ch <- prometheus.MustNewConstMetric(c.handshakeAge, prometheus.GaugeValue, age, d.name, h.peer)
+		if !d.latest.IsZero() {
+			age := max(now.Sub(d.latest).Seconds(), 0) // a clock step must not export a negative age
+			ch <- prometheus.MustNewConstMetric(c.handshakeAge, prometheus.GaugeValue, age, d.name)
 		}
 	}
 }

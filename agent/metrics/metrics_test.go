@@ -35,8 +35,11 @@ nodeagent_syncs_total{trigger="start"} 1
 	if err := testutil.CollectAndCompare(m.syncErrors, strings.NewReader(`
 # HELP nodeagent_sync_errors_total Syncs in which a subsystem failed, by subsystem.
 # TYPE nodeagent_sync_errors_total counter
+nodeagent_sync_errors_total{subsystem="links"} 0
 nodeagent_sync_errors_total{subsystem="nftables"} 1
 nodeagent_sync_errors_total{subsystem="routes"} 2
+nodeagent_sync_errors_total{subsystem="sysctls"} 0
+nodeagent_sync_errors_total{subsystem="wireguard"} 0
 `)); err != nil {
 		t.Error(err)
 	}
@@ -120,10 +123,10 @@ nodeagent_forwarded_port{device="wg-pia"} 47123
 # HELP nodeagent_killswitch_drops_total Packets the kill switch dropped, from nodeagent's named nftables counter.
 # TYPE nodeagent_killswitch_drops_total counter
 nodeagent_killswitch_drops_total 1234
-# HELP nodeagent_ready Whether the node is ready (first full convergence done, nothing failed): 1 or 0.
+# HELP nodeagent_ready Whether the node is ready and not degraded (what nodeagentctl status exits 0 for): 1 or 0.
 # TYPE nodeagent_ready gauge
 nodeagent_ready 1
-# HELP nodeagent_tunnel_healthy Whether the tunnel on a WireGuard device is healthy (handshake under 180 s): 1 or 0.
+# HELP nodeagent_tunnel_healthy Whether the tunnel on a WireGuard device is healthy: for a PIA tunnel, what its provider says (registered, handshaken since, the server answering); for another device, a live peer (handshake under 180 s) or no peers. 1 or 0.
 # TYPE nodeagent_tunnel_healthy gauge
 nodeagent_tunnel_healthy{device="wg-pia"} 1
 nodeagent_tunnel_healthy{device="wg0"} 0
@@ -161,11 +164,10 @@ func TestWireGuard(t *testing.T) {
 nodeagent_wireguard_live_peers{device="wg-gone"} 0
 nodeagent_wireguard_live_peers{device="wg-pia"} 1
 nodeagent_wireguard_live_peers{device="wg0"} 1
-# HELP nodeagent_wireguard_peer_handshake_age_seconds Seconds since the peer's last completed handshake; peers that never completed one are omitted.
-# TYPE nodeagent_wireguard_peer_handshake_age_seconds gauge
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg-pia",peer="pia="} 5
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg0",peer="alice="} 30
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg0",peer="bob="} 600
+# HELP nodeagent_wireguard_latest_handshake_age_seconds Seconds since the device's most recent completed handshake with any peer (for a PIA tunnel, its server); omitted while none has completed.
+# TYPE nodeagent_wireguard_latest_handshake_age_seconds gauge
+nodeagent_wireguard_latest_handshake_age_seconds{device="wg-pia"} 5
+nodeagent_wireguard_latest_handshake_age_seconds{device="wg0"} 30
 # HELP nodeagent_wireguard_peers Peers configured on the WireGuard device.
 # TYPE nodeagent_wireguard_peers gauge
 nodeagent_wireguard_peers{device="wg-gone"} 0
@@ -179,12 +181,11 @@ nodeagent_wireguard_peers{device="wg0"} 3
 	// Ages grow between snapshots, as the kernel's do.
 	now = now.Add(20 * time.Second)
 	if err := testutil.CollectAndCompare(m.wg, strings.NewReader(`
-# HELP nodeagent_wireguard_peer_handshake_age_seconds Seconds since the peer's last completed handshake; peers that never completed one are omitted.
-# TYPE nodeagent_wireguard_peer_handshake_age_seconds gauge
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg-pia",peer="pia="} 25
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg0",peer="alice="} 50
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg0",peer="bob="} 620
-`), "nodeagent_wireguard_peer_handshake_age_seconds"); err != nil {
+# HELP nodeagent_wireguard_latest_handshake_age_seconds Seconds since the device's most recent completed handshake with any peer (for a PIA tunnel, its server); omitted while none has completed.
+# TYPE nodeagent_wireguard_latest_handshake_age_seconds gauge
+nodeagent_wireguard_latest_handshake_age_seconds{device="wg-pia"} 25
+nodeagent_wireguard_latest_handshake_age_seconds{device="wg0"} 50
+`), "nodeagent_wireguard_latest_handshake_age_seconds"); err != nil {
 		t.Error(err)
 	}
 
@@ -200,9 +201,9 @@ nodeagent_wireguard_peer_handshake_age_seconds{device="wg0",peer="bob="} 620
 # HELP nodeagent_wireguard_live_peers Peers with an endpoint and a handshake younger than 3 minutes.
 # TYPE nodeagent_wireguard_live_peers gauge
 nodeagent_wireguard_live_peers{device="wg0"} 1
-# HELP nodeagent_wireguard_peer_handshake_age_seconds Seconds since the peer's last completed handshake; peers that never completed one are omitted.
-# TYPE nodeagent_wireguard_peer_handshake_age_seconds gauge
-nodeagent_wireguard_peer_handshake_age_seconds{device="wg0",peer="alice="} 0
+# HELP nodeagent_wireguard_latest_handshake_age_seconds Seconds since the device's most recent completed handshake with any peer (for a PIA tunnel, its server); omitted while none has completed.
+# TYPE nodeagent_wireguard_latest_handshake_age_seconds gauge
+nodeagent_wireguard_latest_handshake_age_seconds{device="wg0"} 0
 # HELP nodeagent_wireguard_peers Peers configured on the WireGuard device.
 # TYPE nodeagent_wireguard_peers gauge
 nodeagent_wireguard_peers{device="wg0"} 2
@@ -269,7 +270,7 @@ func TestServe(t *testing.T) {
 	for _, name := range []string{
 		"nodeagent_syncs_total", "nodeagent_sync_duration_seconds_bucket", "nodeagent_drift_repairs_total",
 		"nodeagent_killswitch_drops_total", "nodeagent_ready 1", "nodeagent_wireguard_peers",
-		"nodeagent_wireguard_live_peers", "nodeagent_wireguard_peer_handshake_age_seconds",
+		"nodeagent_wireguard_live_peers", "nodeagent_wireguard_latest_handshake_age_seconds",
 		"go_goroutines", "process_resident_memory_bytes",
 	} {
 		if !strings.Contains(string(body), name) {

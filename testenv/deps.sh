@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# testenv/deps.sh [demo|test]: install the Debian packages `make demo` or
+# `make test` needs, with one apt-get for the missing ones; nothing when all
+# are present. Go modules are fetched by go itself. Run as root.
+set -euo pipefail
+what=${1:-test}
+pkgs=(
+  iproute2 nftables wireguard-tools iputils-ping tcpdump   # observing the kernel
+  prometheus                                              # promtool and the server (monitoring)
+  kmod                                                    # modprobe
+)
+if [ "$what" = test ]; then
+  pkgs+=(
+    qemu-system-x86 busybox-static xz-utils   # the VM tier (testenv/vm)
+    mmdebstrap lintian                        # the package tier
+    etcd-server                               # the Kubernetes tier
+    git ca-certificates
+  )
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+((${#missing[@]})) || exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "make $what needs these Debian packages, and root to install them: ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# The prometheus package would start its own server on :9090; the tests
+# run their own, so the package's is kept from starting.
+if printf '%s\n' "${missing[@]}" | grep -qx prometheus && [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
