@@ -89,5 +89,8 @@ deps:
 deps-demo:
 	./testenv/deps.sh demo
 
+# The lab of the seeds' homelab in network namespaces, run by the real
+# daemon, each step checked (DEMOFLAGS=--step pauses between steps).
 demo: deps-demo build
-	./testenv/demo/demo.sh bin/nodeagent
+	$(GO) build -o bin/demo ./testenv/demo
+	bin/demo --nodeagent bin/nodeagent $(DEMOFLAGS)

@@ -22,48 +22,15 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
+	"github.com/nodeagent/nodeagent/testenv"
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 	"github.com/vishvananda/netlink"
 )
 
-// tb is the testing.TB the stub is built against, outside a test: a
-// failure ends the process (the VM is thrown away), cleanups run at a
-// clean stop. Methods it does not override are those of a nil TB, and
-// panic; the stub does not call them.
-type tb struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (t *tb) Helper()                   {}
-func (t *tb) Name() string              { return "piastub" }
-func (t *tb) Fatal(a ...any)            { log.Fatal(a...) }
-func (t *tb) Fatalf(f string, a ...any) { log.Fatalf(f, a...) }
-func (t *tb) Errorf(f string, a ...any) { log.Printf(f, a...) }
-func (t *tb) Logf(f string, a ...any)   { log.Printf(f, a...) }
-func (t *tb) Skip(a ...any)             { log.Fatal(a...) }
-func (t *tb) Skipf(f string, a ...any)  { log.Fatalf(f, a...) }
-func (t *tb) Cleanup(f func())          { t.cleanups = append(t.cleanups, f) }
-func (t *tb) TempDir() string           { d, _ := os.MkdirTemp("", "piastub-"); return d }
-func (t *tb) Setenv(k, v string)        { os.Setenv(k, v) }
-func (t *tb) Failed() bool              { return false }
-func (t *tb) Log(a ...any)              { log.Print(a...) }
-func (t *tb) Error(a ...any)            { log.Print(a...) }
-func (t *tb) Skipped() bool             { return false }
-func (t *tb) Fail()                     {}
-func (t *tb) FailNow()                  { log.Fatal("FailNow") }
-func (t *tb) SkipNow()                  { log.Fatal("SkipNow") }
-func (t *tb) runCleanups() {
-	for i := len(t.cleanups) - 1; i >= 0; i-- {
-		t.cleanups[i]()
-	}
-}
-
 func main() {
-	testing.Init() // testenv's guards ask testing.Short()
+	t := testenv.NewTool("piastub")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: piastub DIR")
@@ -73,7 +40,13 @@ func main() {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		log.Fatal(err)
 	}
-	t := &tb{}
+	err := t.Run(func() error { return serve(t, dir) })
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+func serve(t *testenv.Tool, dir string) error {
 	s := piastub.Start(t, piastub.Options{})
 	// The caller's namespace is the node's: a veth to the stub's WAN side.
 	la := netlink.NewLinkAttrs()
@@ -111,8 +84,7 @@ func main() {
 	for {
 		select {
 		case <-sig:
-			t.runCleanups()
-			return
+			return nil
 		case <-tick.C:
 			c := fmt.Sprintf("addKey=%d tokens=%d\n", s.AddKeys(), s.Tokens())
 			os.WriteFile(filepath.Join(dir, ".counts"), []byte(c), 0o644)
