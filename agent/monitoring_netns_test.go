@@ -22,21 +22,6 @@ import (
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 )
 
-// nsClient is an HTTP client whose connections are dialled inside ns (the
-// transport's own goroutines are not in it).
-func nsClient(ns *testenv.NetNS) *http.Client {
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := ns.Host.Do(func() error {
-			var err error
-			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial}}
-}
-
 // TestPrometheusAlertsOnTheTunnel: Debian's Prometheus, in the node's
 // namespace, scrapes the daemon with the shipped alerting rules loaded.
 // promtool check metrics finds nothing in the scrape; every dashboard
@@ -64,18 +49,14 @@ func TestPrometheusAlertsOnTheTunnel(t *testing.T) {
 	r := startPIA(t, l, pia.Timers{})
 	waitHealthy(t, r, 60*time.Second)
 
-	var ml net.Listener
-	if err := l.Node.Host.Do(func() error {
-		var err error
-		ml, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
+	ml, err := l.Node.Host.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go r.d.Metrics().ServeListener(ctx, ml, nil)
-	client := nsClient(l.Node)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: l.Node.Host.DialContext}}
 
 	// promtool check metrics on the daemon's own scrape.
 	resp, err := client.Get("http://" + ml.Addr().String() + "/metrics")

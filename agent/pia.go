@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rsa"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -61,19 +60,6 @@ type piaTunnel struct {
 	written int
 }
 
-// dialIn dials from h's namespace.
-func dialIn(h *host.Host) pia.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			var err error
-			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-}
-
 // readPIA reads what each PIA device's provider starts from: trust
 // anchors, key, saved registration, cached server list.
 func readPIA(c *config.Config, o Options, h *host.Host, timers pia.Timers) map[string]piaSetup {
@@ -109,7 +95,7 @@ func orDefault(s, def string) string {
 func piaConfig(w config.WireGuard, o Options, h *host.Host, timers pia.Timers) (pia.Config, error) {
 	p := w.PIA
 	a := &pia.API{
-		Dial: dialIn(h), Roots: pia.DefaultRoots(), ListKey: pia.DefaultListKey(),
+		Dial: h.DialContext, Roots: pia.DefaultRoots(), ListKey: pia.DefaultListKey(),
 		ListURL: orDefault(p.ServerList, pia.DefaultServerList), TokenURL: orDefault(p.TokenURL, pia.DefaultTokenURL),
 	}
 	var err error

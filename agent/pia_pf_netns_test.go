@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
@@ -67,30 +66,12 @@ func hookRuns(t *testing.T, log string) []int {
 func serveVLAN(t *testing.T, ns *testenv.NetNS, ports ...int) {
 	for _, port := range ports {
 		addr := "10.10.50.20:" + strconv.Itoa(port)
-		var l net.Listener
-		var pc net.PacketConn
-		err := ns.Host.Do(func() error {
-			var err error
-			if l, err = net.Listen("tcp", addr); err != nil {
-				return err
-			}
-			pc, err = net.ListenPacket("udp", addr)
-			return err
-		})
+		serveHello(t, ns, addr)
+		pc, err := ns.Host.ListenPacket("udp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.Close(); pc.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Write([]byte("hello"))
-				c.Close()
-			}
-		}()
+		t.Cleanup(func() { pc.Close() })
 		go func() {
 			b := make([]byte, 64)
 			for {
@@ -248,20 +229,9 @@ func TestPIAPortForward(t *testing.T) {
 }
 
 // pfOutside asks the first server's port-forwarding API from the node by
-// the main table (its public address), and returns the HTTP status. The
-// connection is dialled inside the node's namespace (the transport's own
-// goroutines are not).
+// the main table (its public address), and returns the HTTP status.
 func pfOutside(l *piastub.Lab) int {
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := l.Node.Host.Do(func() error {
-			var err error
-			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: dial,
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: l.Node.Host.DialContext,
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: l.Stub.Servers[0].Spec.CN}}}
 	resp, err := c.Get("https://" + l.Stub.Servers[0].WG.String() + ":19999/getSignature?token=x")
 	if err != nil {
@@ -351,7 +321,7 @@ func TestPIAPortScan(t *testing.T) {
 	decoys := []int{22, 80, 443, 8081, 9090}
 	serveVLAN(t, l.LAN, append([]int{8080}, decoys...)...)
 	// Something listening on the node itself, on every address.
-	serveNode(t, l.Node, 2222)
+	serveHello(t, l.Node, ":2222")
 	r := startPIA(t, l, fastPF)
 	waitFor(t, "the port bound", 60*time.Second, func() bool { return forwardedPort(r) != 0 })
 	port := forwardedPort(r)
@@ -388,14 +358,11 @@ func TestPIAPortScan(t *testing.T) {
 	}
 }
 
-// serveNode listens on port (TCP, all addresses) in ns, writing "hello".
-func serveNode(t *testing.T, ns *testenv.NetNS, port int) {
-	var l net.Listener
-	if err := ns.Host.Do(func() error {
-		var err error
-		l, err = net.Listen("tcp", ":"+strconv.Itoa(port))
-		return err
-	}); err != nil {
+// serveHello listens on addr (TCP) in ns until the test ends, writing
+// "hello" to whoever connects.
+func serveHello(t *testing.T, ns *testenv.NetNS, addr string) {
+	l, err := ns.Host.Listen("tcp", addr)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
@@ -488,12 +455,8 @@ func TestPIADNS(t *testing.T) {
 
 // serveDNSOn counts the UDP datagrams arriving at addr in ns.
 func serveDNSOn(t *testing.T, ns *testenv.NetNS, addr string) func() int {
-	var pc net.PacketConn
-	if err := ns.Host.Do(func() error {
-		var err error
-		pc, err = net.ListenPacket("udp", addr)
-		return err
-	}); err != nil {
+	pc, err := ns.Host.ListenPacket("udp", addr)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })

@@ -16,16 +16,11 @@ import (
 func listenIn(t *testing.T, ns *testenv.NetNS, addr string) (tcp, udp <-chan string) {
 	t.Helper()
 	tc, uc := make(chan string, 1), make(chan string, 1)
-	var l net.Listener
-	var pc net.PacketConn
-	err := ns.Host.Do(func() error {
-		var err error
-		if l, err = net.Listen("tcp", addr); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", addr)
-		return err
-	})
+	l, err := ns.Host.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen %s in %s: %v", addr, ns.Name, err)
+	}
+	pc, err := ns.Host.ListenPacket("udp", addr)
 	if err != nil {
 		t.Fatalf("listen %s in %s: %v", addr, ns.Name, err)
 	}

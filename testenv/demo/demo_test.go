@@ -40,6 +40,18 @@ func hostState(t *testing.T) map[string]string {
 	return out
 }
 
+// build builds nodeagent, nodeagentctl and the demo into a directory of
+// the test's.
+func build(t *testing.T) string {
+	bin := t.TempDir()
+	for pkg, out := range map[string]string{"../../cmd/nodeagent": "nodeagent", "../../cmd/nodeagentctl": "nodeagentctl", ".": "demo"} {
+		if b, err := exec.Command("go", "build", "-o", filepath.Join(bin, out), pkg).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+		}
+	}
+	return bin
+}
+
 // TestDemo runs `make demo`'s program twice, as a user would, with the
 // real binaries: every check passes both times, and afterwards no
 // process, namespace, link, address, rule, route, nft table, socket or
@@ -49,12 +61,7 @@ func TestDemo(t *testing.T) {
 	if testenv.InVM() {
 		t.Skip("the host tier runs the demo")
 	}
-	bin := t.TempDir()
-	for pkg, out := range map[string]string{"../../cmd/nodeagent": "nodeagent", "../../cmd/nodeagentctl": "nodeagentctl", ".": "demo"} {
-		if b, err := exec.Command("go", "build", "-o", filepath.Join(bin, out), pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-		}
-	}
+	bin := build(t)
 	before := hostState(t)
 	for run := 1; run <= 2; run++ {
 		start := time.Now()
@@ -88,12 +95,7 @@ func TestDemoInterrupted(t *testing.T) {
 	if testenv.InVM() {
 		t.Skip("the host tier runs the demo")
 	}
-	bin := t.TempDir()
-	for pkg, out := range map[string]string{"../../cmd/nodeagent": "nodeagent", "../../cmd/nodeagentctl": "nodeagentctl", ".": "demo"} {
-		if b, err := exec.Command("go", "build", "-o", filepath.Join(bin, out), pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-		}
-	}
+	bin := build(t)
 	before := hostState(t)
 	cmd := exec.Command(filepath.Join(bin, "demo"), "--nodeagent", filepath.Join(bin, "nodeagent"))
 	var out strings.Builder

@@ -3,7 +3,6 @@ package piastub
 import (
 	"encoding/binary"
 	"io"
-	"net"
 	"net/netip"
 	"strings"
 )
@@ -24,17 +23,12 @@ var TestAddr = netip.MustParseAddr("198.51.100.77")
 func (s *Stub) startDNS() {
 	for _, a := range DNSServers {
 		run(s.t, s.NS, "ip addr add "+a.String()+"/32 dev lo")
-		var pc net.PacketConn
-		var l net.Listener
-		err := s.NS.Host.Do(func() error {
-			var err error
-			addr := netip.AddrPortFrom(a, 53).String()
-			if pc, err = net.ListenPacket("udp", addr); err != nil {
-				return err
-			}
-			l, err = net.Listen("tcp", addr)
-			return err
-		})
+		addr := netip.AddrPortFrom(a, 53).String()
+		pc, err := s.NS.Host.ListenPacket("udp", addr)
+		if err != nil {
+			s.t.Fatalf("piastub: dns %s: %v", a, err)
+		}
+		l, err := s.NS.Host.Listen("tcp", addr)
 		if err != nil {
 			s.t.Fatalf("piastub: dns %s: %v", a, err)
 		}

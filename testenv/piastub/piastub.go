@@ -193,12 +193,7 @@ func Sysctl(t testing.TB, ns *testenv.NetNS, key, value string) {
 
 // serve runs an HTTPS server on addr:port inside the stub's namespace.
 func (s *Stub) serve(addr netip.Addr, port int, tc *tls.Config, h http.Handler) {
-	var l net.Listener
-	err := s.NS.Host.Do(func() error {
-		var err error
-		l, err = net.Listen("tcp", netip.AddrPortFrom(addr, uint16(port)).String())
-		return err
-	})
+	l, err := s.NS.Host.Listen("tcp", netip.AddrPortFrom(addr, uint16(port)).String())
 	if err != nil {
 		s.t.Fatalf("piastub: listen %s:%d: %v", addr, port, err)
 	}

@@ -6,16 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strconv"
-	"syscall"
 	"time"
-
-	"github.com/nodeagent/nodeagent/netcfg/host"
-	"golang.org/x/sys/unix"
 )
 
 // Port forwarding (PIA.md §4): both calls go to https://<server_vip>:19999
@@ -41,31 +36,6 @@ type Signature struct {
 // ErrPortBusy is bindPort's 409: the port is taken on this server; use
 // another server.
 var ErrPortBusy = errors.New("bindPort: the port is busy on this server (HTTP 409); moving to another server")
-
-// TunnelDial dials from h's namespace out of device dev (SO_BINDTODEVICE),
-// whatever the routing tables say: the port-forwarding API answers only
-// inside the tunnel, and nodeagent routes its own traffic by the main
-// table.
-func TunnelDial(h *host.Host, dev string) DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := h.Do(func() error {
-			d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-				var serr error
-				if err := rc.Control(func(fd uintptr) {
-					serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev)
-				}); err != nil {
-					return err
-				}
-				return serr
-			}}
-			var err error
-			c, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return c, err
-	}
-}
 
 func (a *API) pf(dial DialFunc, cn string, vip netip.Addr) *http.Client {
 	return httpClient(pinned(a.Roots, cn), dial, netip.AddrPortFrom(vip, PFPort).String(), apiTimeout)
@@ -171,7 +141,7 @@ func (p *Provider) stepPF(ctx context.Context, now time.Time) {
 		return
 	}
 	p.pfBusy = true
-	api, cn, vip, dial := p.cfg.API, p.reg.Server.CN, p.reg.ServerVIP, TunnelDial(p.cfg.Host, p.cfg.Device)
+	api, cn, vip, dial := p.cfg.API, p.reg.Server.CN, p.reg.ServerVIP, p.cfg.Host.DialDevice(p.cfg.Device)
 	// Renewed when close to its end, but not more often than it is bound:
 	// a server handing out short payloads must not get a signature storm.
 	if s := p.sig; s == nil || s.Server != cn || !s.Expires.IsZero() && s.Expires.Sub(now) < p.t.RenewBefore && now.Sub(s.At) >= p.t.BindEvery {
