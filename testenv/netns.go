@@ -58,6 +58,11 @@ func HasModule(name string) bool {
 	return err == nil
 }
 
+// NamePrefix starts the name of every namespace NewNetNS makes. A program
+// built on testenv (the demo) sets its own, so what it leaves, or not, can
+// be told from what tests running beside it make.
+var NamePrefix = "na-test-"
+
 // NetNS is a fresh network namespace for one test. It has a name under
 // /run/netns so observers like `ip -n NAME` work, and a host.Host bound to it
 // so the code under test never changes the test process's own namespace.
@@ -77,7 +82,7 @@ func NewNetNS(t testing.TB) *NetNS {
 	RequireRoot(t)
 	var b [4]byte
 	rand.Read(b[:])
-	name := "na-test-" + hex.EncodeToString(b[:])
+	name := NamePrefix + hex.EncodeToString(b[:])
 
 	type result struct {
 		h   netns.NsHandle

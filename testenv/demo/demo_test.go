@@ -11,7 +11,10 @@ import (
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
-// hostState is what the demo must leave as it found it on the host.
+// hostState is what the demo must leave as it found it on the host. Tests
+// of other packages may run beside it and make namespaces and userspace
+// WireGuard sockets of their own: only the demo's names count (na-demo-*,
+// its devices).
 func hostState(t *testing.T) map[string]string {
 	t.Helper()
 	out := map[string]string{}
@@ -29,10 +32,19 @@ func hostState(t *testing.T) map[string]string {
 		}
 		out[name] = string(b)
 	}
+	var ours []string
+	for _, l := range strings.Split(out["namespaces"], "\n") {
+		if strings.HasPrefix(l, "na-demo-") {
+			ours = append(ours, l)
+		}
+	}
+	out["namespaces"] = strings.Join(ours, "\n")
 	ents, _ := os.ReadDir("/var/run/wireguard")
 	var socks []string
 	for _, e := range ents {
-		socks = append(socks, e.Name())
+		if n := e.Name(); strings.HasPrefix(n, "dsrv") || strings.HasPrefix(n, "wgc-") || strings.HasSuffix(n, "-demo.sock") {
+			socks = append(socks, n)
+		}
 	}
 	out["wireguard sockets"] = strings.Join(socks, " ")
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "nodeagent-demo-*"))

@@ -55,6 +55,8 @@ func main() {
 		*ctl = filepath.Join(filepath.Dir(*nodeagent), "nodeagentctl")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	// Names of its own, apart from those of tests that may run beside it.
+	testenv.NamePrefix = "na-demo-"
 	d := &demo{ctx: ctx, tool: testenv.NewTool("nodeagent-demo"), step: *step, tty: term.IsTerminal(int(os.Stdout.Fd()))}
 	var err error
 	if d.bin, err = filepath.Abs(*nodeagent); err == nil {
@@ -194,7 +196,7 @@ func (d *demo) build() {
 	t := d.tool
 	d.node, d.lan, d.wan = testenv.NewNetNS(t), testenv.NewNetNS(t), testenv.NewNetNS(t)
 	d.phone, d.laptop = testenv.NewNetNS(t), testenv.NewNetNS(t)
-	d.stub = piastub.Start(t, piastub.Options{})
+	d.stub = piastub.Start(t, piastub.Options{DevicePrefix: "dsrv"})
 	d.stub.ConnectTo(t, d.wan)
 	d.node.Veth(t, "enp1s0", d.lan, "eth0")
 	d.node.Veth(t, "uplink", d.wan, "eth0")

@@ -72,6 +72,9 @@ type Options struct {
 	// Username and Password are the one account (default p1234567,
 	// hunter2-stub).
 	Username, Password string
+	// DevicePrefix starts the names of the servers' WireGuard devices
+	// (default psrv); userspace devices' sockets are global.
+	DevicePrefix string
 }
 
 // DefaultRegions: two port-forwarding servers in stub_ams, one server in
@@ -125,6 +128,9 @@ func Start(t testing.TB, o Options) *Stub {
 	t.Helper()
 	if len(o.Regions) == 0 {
 		o.Regions = DefaultRegions()
+	}
+	if o.DevicePrefix == "" {
+		o.DevicePrefix = "psrv"
 	}
 	if o.Username == "" {
 		o.Username, o.Password = "p1234567", "hunter2-stub"

@@ -68,7 +68,7 @@ func (srv *Server) startWireGuard() {
 	s := srv.stub
 	var b [2]byte
 	rand.Read(b[:])
-	srv.dev = fmt.Sprintf("psrv%d-%s", srv.index, hex.EncodeToString(b[:]))
+	srv.dev = fmt.Sprintf("%s%d-%s", s.opts.DevicePrefix, srv.index, hex.EncodeToString(b[:]))
 	srv.kernel = testenv.HasModule("wireguard")
 	if srv.kernel {
 		la := netlink.NewLinkAttrs()
