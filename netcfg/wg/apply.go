@@ -84,6 +84,14 @@ func byDevice(ops []Op) [][]int {
 func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report) {
 	fail := func(i int, err error) { r[i].Err = fmt.Errorf("%s: %w", all[i].Object(), err) }
 	name := all[ids[0]].Device
+	impl := ""
+	for _, i := range ids {
+		if o := all[i]; o.Kind == OpCreateDevice {
+			impl = o.Impl
+		} else if impl == "" && o.Old.Impl != "" {
+			impl = o.Old.Impl
+		}
+	}
 	var cfg wgtypes.Config
 	var cfgOps []int
 	var index int
@@ -145,7 +153,7 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 		}
 	}
 	if len(cfgOps) > 0 {
-		configure(h, name, cfg, all, cfgOps, r)
+		configure(h, name, impl, cfg, all, cfgOps, r)
 	}
 	if !up {
 		return
@@ -178,14 +186,14 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 	}
 }
 
-// configure writes the device settings and every peer op in as few
-// wgctrl calls as wgctrl sends as one message each (writeChunked). If that
-// fails, each op is written on its own, so the report names the peers
-// that really failed and the others still land: adds are written with
-// ReplaceAllowedIPs and removes of absent peers are no-ops, so writing an
-// op twice is harmless.
-func configure(h *Handle, name string, cfg wgtypes.Config, all []Op, ids []int, r plan.Report) {
-	err := writeChunked(h, name, cfg)
+// configure writes the device settings and every peer op in one write
+// (Handle.configure: packed netlink messages for a kernel device, one UAPI
+// set for a userspace one). If that fails, each op is written on its own,
+// so the report names the peers that really failed and the others still
+// land: adds are written with ReplaceAllowedIPs and removes of absent
+// peers are no-ops, so writing an op twice is harmless.
+func configure(h *Handle, name, impl string, cfg wgtypes.Config, all []Op, ids []int, r plan.Report) {
+	err := h.configure(name, impl, cfg)
 	if err == nil {
 		return
 	}
@@ -204,45 +212,10 @@ func configure(h *Handle, name string, cfg wgtypes.Config, all []Op, ids []int, 
 		default:
 			one.Peers = []wgtypes.PeerConfig{peerConfig(o)}
 		}
-		if err := h.configure(name, one); err != nil {
+		if err := h.configure(name, impl, one); err != nil {
 			r[i].Err = fmt.Errorf("%s: %w", o.Object(), err)
 		}
 	}
-}
-
-// Chunk limits for one wgctrl call: wgctrl sends a config of more than 32
-// peers or 256 allowed IPs as one netlink message per peer (5000 round
-// trips for 5000 peers, where wg(8) packs a message full); at or under
-// them it sends one message. So the peers go in chunks that stay under both.
-const (
-	chunkPeers = 32
-	chunkIPs   = 256
-)
-
-// writeChunked writes cfg in as few wgctrl calls as wgctrl will send as one
-// message each; the device settings go with the first.
-func writeChunked(h *Handle, name string, cfg wgtypes.Config) error {
-	if len(cfg.Peers) <= chunkPeers {
-		return h.configure(name, cfg)
-	}
-	peers := cfg.Peers
-	chunk := cfg
-	chunk.Peers = nil
-	ips := 0
-	for i, p := range peers {
-		chunk.Peers = append(chunk.Peers, p)
-		ips += len(p.AllowedIPs)
-		last := i == len(peers)-1
-		if !last && len(chunk.Peers) < chunkPeers && ips+len(peers[i+1].AllowedIPs) <= chunkIPs {
-			continue
-		}
-		if err := h.configure(name, chunk); err != nil {
-			return err
-		}
-		chunk = wgtypes.Config{}
-		ips = 0
-	}
-	return nil
 }
 
 func setDevice(cfg *wgtypes.Config, d Device, f Field) {

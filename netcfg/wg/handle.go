@@ -49,13 +49,15 @@ type Handle struct {
 	Now func() time.Time
 
 	client       *wgctrl.Client
-	clientKernel bool      // whether client was made while the kernel had WireGuard
-	kernel       bool      // the kernel has WireGuard (cached once seen)
-	kernelAsked  time.Time // when a "no" was last asked
+	kconn        *kernelConn // kernel devices' writes, packed as wg(8) packs them
+	clientKernel bool        // whether client was made while the kernel had WireGuard
+	kernel       bool        // the kernel has WireGuard (cached once seen)
+	kernelAsked  time.Time   // when a "no" was last asked
 	cache        map[string]resolution
 
 	configWrites atomic.Int64
 	peerWrites   atomic.Int64
+	msgWrites    atomic.Int64 // netlink messages those writes took (kernel devices)
 	configNanos  atomic.Int64 // time spent in wgctrl writes, for the benchmark's breakdown
 }
 
@@ -65,20 +67,57 @@ type resolution struct {
 	at   time.Time
 }
 
-// ConfigWrites returns how many WireGuard configuration messages (wgctrl
-// ConfigureDevice calls) went through the handle; PeerWrites how many peer
-// entries they carried. A no-op sync leaves both unchanged.
+// ConfigWrites returns how many WireGuard configuration writes (one per
+// device per sync, unless one fails and its ops are written one by one)
+// went through the handle; PeerWrites how many peer entries they carried;
+// MessageWrites how many netlink messages the kernel devices' writes took.
+// A no-op sync leaves all three unchanged.
 func (h *Handle) ConfigWrites() int64 { return h.configWrites.Load() }
+
+// MessageWrites returns how many WG_CMD_SET_DEVICE messages were sent.
+func (h *Handle) MessageWrites() int64 { return h.msgWrites.Load() }
 
 // PeerWrites returns how many peer entries were written.
 func (h *Handle) PeerWrites() int64 { return h.peerWrites.Load() }
 
-// Close releases the wgctrl client. It does not stop userspace devices.
+// Close releases the wgctrl client and the kernel connection. It does not
+// stop userspace devices.
 func (h *Handle) Close() {
 	if h.client != nil {
 		h.client.Close()
 		h.client = nil
 	}
+	if h.kconn != nil {
+		h.kconn.Close()
+		h.kconn = nil
+	}
+}
+
+// kernelConn returns the generic netlink connection for kernel devices'
+// writes, inside the namespace.
+func (h *Handle) kernelConn() (*kernelConn, error) {
+	if h.kconn != nil {
+		return h.kconn, nil
+	}
+	var k kernelConn
+	err := h.Host.Do(func() error {
+		c, err := genetlink.Dial(nil)
+		if err != nil {
+			return err
+		}
+		f, err := c.GetFamily("wireguard")
+		if err != nil {
+			c.Close()
+			return err
+		}
+		k.c, k.family = c, f
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wireguard generic netlink: %w", err)
+	}
+	h.kconn = &k
+	return h.kconn, nil
 }
 
 // ConfigTime returns the time spent in wgctrl writes, for the benchmark's
@@ -160,18 +199,30 @@ func (h *Handle) device(name string) (*wgtypes.Device, error) {
 }
 
 // configure writes cfg to the device, counting the write.
-func (h *Handle) configure(name string, cfg wgtypes.Config) error {
-	c, err := h.wgClient()
-	if err != nil {
-		return err
-	}
+// configure writes cfg to device name: a kernel device's through the
+// packed generic netlink writer, a userspace device's through wgctrl (one
+// UAPI set, whatever its size).
+func (h *Handle) configure(name, impl string, cfg wgtypes.Config) error {
 	h.configWrites.Add(1)
 	h.peerWrites.Add(int64(len(cfg.Peers)))
 	h.Host.Wrote(1)
 	start := time.Now()
-	err = c.ConfigureDevice(name, cfg)
-	h.configNanos.Add(int64(time.Since(start)))
-	return err
+	defer func() { h.configNanos.Add(int64(time.Since(start))) }()
+	if impl == ImplKernel {
+		k, err := h.kernelConn()
+		if err != nil {
+			return err
+		}
+		before := k.msgs
+		err = k.configure(name, cfg)
+		h.msgWrites.Add(k.msgs - before)
+		return err
+	}
+	c, err := h.wgClient()
+	if err != nil {
+		return err
+	}
+	return c.ConfigureDevice(name, cfg)
 }
 
 // resolve returns the address of an endpoint (host:port). Addresses are
