@@ -85,6 +85,10 @@ type Dir struct {
 	path string
 	f    *os.File
 	fd   int
+	// fsErr is the directory's own filesystem check (fstatfs): files are
+	// opened without crossing a mount (RESOLVE_NO_XDEV), so they are on
+	// the same filesystem, checked once here rather than per file.
+	fsErr error
 }
 
 // OpenDir opens the directory at path (a link to a directory is followed:
@@ -99,7 +103,9 @@ func OpenDir(path string) (*Dir, error) {
 	if err != nil {
 		return nil, openError(path, err, "")
 	}
-	return &Dir{path: path, f: os.NewFile(uintptr(fd), path), fd: fd}, nil
+	d := &Dir{path: path, f: os.NewFile(uintptr(fd), path), fd: fd}
+	d.fsErr = checkFS(path, fd)
+	return d, nil
 }
 
 // Close closes the directory.
@@ -134,11 +140,22 @@ func (d *Dir) ReadFile(name string, r Rules) ([]byte, unix.Stat_t, error) {
 	path := filepath.Join(d.path, name)
 	how := &unix.OpenHow{
 		Flags:   uint64(openFlags),
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 	}
+	fsChecked := true
 	fd, err := retryEINTR(func() (int, error) { return unix.Openat2(d.fd, name, how) })
+	if errors.Is(err, unix.EXDEV) {
+		// On another mount inside the directory (a bind mount), or a link
+		// out of it: again without NO_XDEV, the file's own filesystem
+		// checked, so each gets its own reason.
+		fsChecked = false
+		how.Resolve &^= unix.RESOLVE_NO_XDEV
+		fd, err = retryEINTR(func() (int, error) { return unix.Openat2(d.fd, name, how) })
+	}
 	if errors.Is(err, unix.ENOSYS) {
-		// Linux before 5.6: no link is followed at all.
+		// Linux before 5.6: no link is followed at all, and the file's
+		// own filesystem is checked.
+		fsChecked = false
 		fd, err = retryEINTR(func() (int, error) { return unix.Openat(d.fd, name, openFlags|unix.O_NOFOLLOW, 0) })
 	}
 	if err != nil {
@@ -152,7 +169,10 @@ func (d *Dir) ReadFile(name string, r Rules) ([]byte, unix.Stat_t, error) {
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return nil, st, &Error{Path: path, Reason: "is not a regular file (a directory)", Err: ErrIsDir}
 	}
-	b, err := readFD(path, fd, r)
+	if fsChecked && d.fsErr != nil {
+		return nil, st, &Error{Path: path, Reason: d.fsErr.(*Error).Reason, Err: d.fsErr.(*Error).Err}
+	}
+	b, err := readStat(path, fd, r, &st, !fsChecked)
 	return b, st, err
 }
 
@@ -196,15 +216,33 @@ func readFD(path string, fd int, r Rules) ([]byte, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, &Error{Path: path, Reason: "cannot be examined: " + err.Error(), Err: err}
 	}
-	if err := Check(path, &st, r); err != nil {
-		return nil, err
-	}
+	return readStat(path, fd, r, &st, true)
+}
+
+// checkFS refuses a file descriptor on a filesystem whose files are not
+// files (pseudoFS).
+func checkFS(path string, fd int) error {
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &sfs); err != nil {
-		return nil, &Error{Path: path, Reason: "cannot be examined: " + err.Error(), Err: err}
+		return &Error{Path: path, Reason: "cannot be examined: " + err.Error(), Err: err}
 	}
 	if name, bad := pseudoFS[int64(sfs.Type)]; bad {
-		return nil, refuse(path, "is on %s, which holds no configuration files", name)
+		return refuse(path, "is on %s, which holds no configuration files", name)
+	}
+	return nil
+}
+
+// readStat reads fd, whose fstat is st, under r; checkFs checks its
+// filesystem too. A regular file read short of the buffer (its size, and
+// a byte to spare) is at its end: no second read is needed to see it.
+func readStat(path string, fd int, r Rules, st *unix.Stat_t, checkFs bool) ([]byte, error) {
+	if err := Check(path, st, r); err != nil {
+		return nil, err
+	}
+	if checkFs {
+		if err := checkFS(path, fd); err != nil {
+			return nil, err
+		}
 	}
 	max := r.MaxSize
 	if max <= 0 {
@@ -233,7 +271,11 @@ func readFD(path string, fd int, r Rules) ([]byte, error) {
 		if n == 0 {
 			return buf, nil
 		}
+		short := len(buf)+n < cap(buf)
 		buf = buf[:len(buf)+n]
+		if short {
+			return buf, nil
+		}
 	}
 }
 

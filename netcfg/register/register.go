@@ -547,6 +547,14 @@ func redactErrors(l config.ErrorList) config.ErrorList {
 // parseYAMLPeer decodes a YAML register file with the config's decoder,
 // the file's top level standing for a config.WGPeer.
 func parseYAMLPeer(file string, data []byte, opts config.Options) (Peer, config.ErrorList) {
+	if peer, line, pf, ok := fastYAMLPeer(file, data); ok {
+		// The fast path's peer, if it passes; a file it cannot vouch for
+		// is read again by the full parser, whose errors are the ones
+		// reported.
+		if p, errs := registerPeer(pf, line, peer, "", opts); errs == nil {
+			return p, nil
+		}
+	}
 	peer, line, pf, errs := config.DecodePeerYAML(file, data, MaxFileErrors)
 	if errs != nil {
 		return Peer{}, errs
