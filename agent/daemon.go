@@ -108,8 +108,10 @@ type Daemon struct {
 
 	// pia are the PIA providers by device; piaEv carries their calls'
 	// results back to the loop.
-	pia   map[string]*piaTunnel
-	piaEv chan pia.Event
+	pia map[string]*piaTunnel
+	// piaDevices are pia's names, which the WireGuard poll reads every time.
+	piaDevices map[string]bool
+	piaEv      chan pia.Event
 	// hookEv carries finished onChange runs back to the loop.
 	hookEv chan hookResult
 

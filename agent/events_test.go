@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -43,5 +44,23 @@ func TestLinkNameCache(t *testing.T) {
 	}
 	if relevant(unix.RTM_NEWADDR, addrMsg(7), want, names) {
 		t.Error("an address on a reused index is taken for the deleted named link")
+	}
+}
+
+// TestPollInterval: the WireGuard poll keeps its interval while reading
+// digests is cheap, and stretches so that it takes at most 1/200 of a
+// core, never past 10 s.
+func TestPollInterval(t *testing.T) {
+	for _, c := range []struct{ base, cost, want time.Duration }{
+		{500 * time.Millisecond, 50 * time.Microsecond, 500 * time.Millisecond},
+		{500 * time.Millisecond, 2500 * time.Microsecond, 500 * time.Millisecond},
+		{500 * time.Millisecond, 10 * time.Millisecond, 2 * time.Second},
+		{500 * time.Millisecond, 35 * time.Millisecond, 7 * time.Second},
+		{500 * time.Millisecond, 300 * time.Millisecond, 10 * time.Second},
+		{20 * time.Second, 300 * time.Millisecond, 20 * time.Second},
+	} {
+		if got := pollInterval(c.base, c.cost); got != c.want {
+			t.Errorf("pollInterval(%v, %v) = %v; want %v", c.base, c.cost, got, c.want)
+		}
 	}
 }

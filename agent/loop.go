@@ -131,7 +131,11 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			pending = merge(pending, trigRetry)
 			arm(0)
 		case <-wgPoll.C:
-			switch provider, drift := d.pollWG(ctx); {
+			provider, drift, every := d.pollWG(ctx)
+			if every > 0 {
+				wgPoll.Reset(every)
+			}
+			switch {
 			case provider:
 				pending = merge(pending, trigProvider)
 				arm(0)
@@ -167,22 +171,51 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	}
 }
 
-// pollWG observes the WireGuard devices: the PIA providers judge their
-// tunnels' health by it (provider: one changed its device), and drift
-// reports whether a device's peers differ from the desired state (the
-// kernel sends no event when someone runs `wg set`).
-func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool) {
+// pollWG looks at the WireGuard devices: the PIA providers judge their
+// tunnels' health by what it sees (provider: one changed its device), and
+// drift reports whether a device's peers differ from the desired state
+// (the kernel sends no event when someone runs `wg set`). A device whose
+// digest has not moved since a poll found it converged is not read, so
+// with thousands of peers and nothing changing a poll walks no peer; PIA
+// devices (a peer each) are read on every poll.
+func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.Duration) {
 	if len(d.desired.WG.Devices) == 0 {
-		return false, false
+		return false, false, 0
 	}
-	p, err := d.cv.PlanWG(ctx, d.converging())
+	des := d.desired
+	if len(d.pia) > 0 {
+		des = d.converging()
+	}
+	start := time.Now()
+	p, looked, err := d.cv.PollWG(ctx, des, d.piaDevices)
 	if err != nil {
-		return false, false
+		return false, false, 0
 	}
-	if d.stepPIA(ctx, p.Observed) {
-		return true, false
+	if !looked {
+		// Only digests were read: that cost sets the interval.
+		return false, false, pollInterval(d.o.WGPoll, time.Since(start))
 	}
-	return false, p.Writes()
+	if len(d.pia) > 0 && d.stepPIA(ctx, p.Observed) {
+		return true, false, 0
+	}
+	return false, p.Writes(), 0
+}
+
+// pollBudget is the share of one core the WireGuard poll may take when
+// nothing changes (1/pollBudget), and maxPoll the longest interval it
+// stretches to: a kernel device's digest costs a dump of every peer, so
+// with many thousands of peers on a slow machine the poll backs off rather
+// than keep a core busy; a `wg set` by hand is then seen within maxPoll.
+const (
+	pollBudget = 200
+	maxPoll    = 10 * time.Second
+)
+
+// pollInterval is the WireGuard poll's next interval after a poll that
+// read only digests and took cost: base, or stretched so the poll takes at
+// most 1/pollBudget of a core, up to maxPoll.
+func pollInterval(base, cost time.Duration) time.Duration {
+	return min(max(base, cost*pollBudget), max(base, maxPoll))
 }
 
 // converging is the desired state a sync converges to: the config's, with each

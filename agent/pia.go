@@ -150,6 +150,10 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 		}
 		d.pia[name] = t
 	}
+	d.piaDevices = map[string]bool{}
+	for name := range d.pia {
+		d.piaDevices[name] = true
+	}
 }
 
 // withPIA is des with every PIA device as its provider has it.

@@ -43,7 +43,8 @@ type Converger struct {
 	// Resolver resolves WireGuard endpoint names; nil means the system's.
 	Resolver wg.Resolver
 
-	wg *wg.Handle
+	wg   *wg.Handle
+	poll wg.Poller
 }
 
 // WG returns the WireGuard handle, made on first use. It keeps the wgctrl
@@ -160,10 +161,10 @@ func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
 	} else {
 		p.Link = link.MakePlan(d.Link, o)
 	}
-	if o, err := wg.Observe(ctx, c.WG(), snap, d.WG); err != nil {
+	if wp, err := c.poll.Plan(ctx, c.WG(), snap, d.WG); err != nil {
 		unobserved(plan.WireGuard, err)
 	} else {
-		p.WG = wg.MakePlan(d.WG, o)
+		p.WG = wp
 	}
 	coming := p.coming()
 	if o, err := sysctl.Observe(ctx, snap, d.Sysctl); err != nil {
@@ -200,11 +201,15 @@ func (p Plans) coming() []string {
 // PlanWG observes and plans the WireGuard subsystem alone: the kernel sends
 // no notification when a peer is changed by hand, so the daemon polls this.
 func (c *Converger) PlanWG(ctx context.Context, d Desired) (wg.Plan, error) {
-	o, err := wg.Observe(ctx, c.WG(), c.Host.Snapshot(), d.WG)
-	if err != nil {
-		return wg.Plan{}, err
-	}
-	return wg.MakePlan(d.WG, o), nil
+	return c.poll.Plan(ctx, c.WG(), c.Host.Snapshot(), d.WG)
+}
+
+// PollWG is the daemon's WireGuard drift poll: only the devices whose
+// digest moved since a poll last found them converged, and those always
+// names, are observed and planned (see wg.Poller); looked is false when
+// none was. With nothing changed it walks no peer and allocates nothing.
+func (c *Converger) PollWG(ctx context.Context, d Desired, always map[string]bool) (p wg.Plan, looked bool, err error) {
+	return c.poll.Poll(ctx, c.WG(), d.WG, always)
 }
 
 // Result is what Apply did: the report of every op, and the desired state

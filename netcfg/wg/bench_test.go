@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,4 +190,62 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 			"no-op sync: nodeagent %.1f ms (observe + plan, the desired state in memory, as on a kernel event), %.1f ms re-reading the register (cached) too; %d writes (target 0); wg syncconf %.1f ms\n\n",
 			n, n, ms(cold), cold.Seconds()/wgCold.Seconds(), ms(wgCold), ms(execCost), ms(one), onePeers, ms(wgOne), ms(noopMem), ms(noop), noopWrites, ms(wgNoop))
 	}
+}
+
+// BenchmarkWGPoll5000 is the daemon's WireGuard drift poll of a converged
+// device with 5000 peers and nothing changing, run with -benchmem: full is
+// the poll as it was (observe every device and plan it, every 500 ms),
+// digest the poll as it is (compare each device's digest with the one it
+// had when last found converged; read nothing when it has not moved). The
+// kernel device in the VM, the userspace one where the kernel has no
+// WireGuard.
+func BenchmarkWGPoll5000(b *testing.B) {
+	testenv.RequireRoot(b)
+	impl := wg.ImplUserspace
+	if testenv.HasModule("wireguard") {
+		impl = wg.ImplKernel
+	}
+	ns := testenv.NewNetNS(b)
+	us := wg.NewUserspace(nil)
+	defer us.Close()
+	h := &wg.Handle{Host: ns.Host, Userspace: us}
+	defer h.Close()
+	key, _ := wgtypes.GeneratePrivateKey()
+	dev := wg.Device{Name: fmt.Sprintf("wgbp%d", time.Now().UnixNano()%100000), Impl: impl, PrivateKey: wg.Key(key), ListenPort: 51820}
+	for _, p := range benchPeers(5000) {
+		dev.Peers = append(dev.Peers, wg.Peer{PublicKey: p.pub, AllowedIPs: []netip.Prefix{netip.MustParsePrefix(p.allowed)}})
+	}
+	d := wg.Desired{Devices: []wg.Device{dev}}
+	ctx := context.Background()
+	o, err := wg.Observe(ctx, h, h.Host.Snapshot(), d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, rep := wg.Apply(ctx, h, h.Host.Snapshot(), wg.MakePlan(d, o)); rep.Err() != nil {
+		b.Fatal(rep.Err())
+	}
+	b.Run("full/"+impl, func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			o, err := wg.Observe(ctx, h, h.Host.Snapshot(), d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if p := wg.MakePlan(d, o); p.Writes() {
+				b.Fatalf("drift:\n%s", p)
+			}
+		}
+	})
+	var p wg.Poller
+	if _, looked, err := p.Poll(ctx, h, d, nil); err != nil || !looked {
+		b.Fatalf("first poll: looked %v, %v", looked, err)
+	}
+	b.Run("digest/"+impl, func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if pl, looked, err := p.Poll(ctx, h, d, nil); err != nil || looked {
+				b.Fatalf("poll read the device (err %v):\n%s", err, pl)
+			}
+		}
+	})
 }

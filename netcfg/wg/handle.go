@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -50,9 +51,11 @@ type Handle struct {
 
 	client       *wgctrl.Client
 	kconn        *kernelConn // kernel devices' writes, packed as wg(8) packs them
-	clientKernel bool        // whether client was made while the kernel had WireGuard
-	kernel       bool        // the kernel has WireGuard (cached once seen)
-	kernelAsked  time.Time   // when a "no" was last asked
+	dg           *digester   // the drift poll's dumps (Digest)
+	seed         maphash.Seed
+	clientKernel bool      // whether client was made while the kernel had WireGuard
+	kernel       bool      // the kernel has WireGuard (cached once seen)
+	kernelAsked  time.Time // when a "no" was last asked
 	cache        map[string]resolution
 
 	configWrites atomic.Int64
@@ -90,6 +93,10 @@ func (h *Handle) Close() {
 	if h.kconn != nil {
 		h.kconn.Close()
 		h.kconn = nil
+	}
+	if h.dg != nil {
+		h.dg.close()
+		h.dg = nil
 	}
 }
 
@@ -175,7 +182,10 @@ func (h *Handle) wgClient() (*wgctrl.Client, error) {
 	if h.client != nil && h.clientKernel == h.kernel {
 		return h.client, nil
 	}
-	h.Close()
+	if h.client != nil {
+		h.client.Close()
+		h.client = nil
+	}
 	err := h.Host.Do(func() error {
 		c, err := wgctrl.New()
 		h.client = c
@@ -190,7 +200,6 @@ func (h *Handle) wgClient() (*wgctrl.Client, error) {
 
 // device reads one device, or reports os.ErrNotExist.
 func (h *Handle) device(name string) (*wgtypes.Device, error) {
-	h.Host.Dumped(host.DumpWireGuard)
 	c, err := h.wgClient()
 	if err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		case l.Kind == "tun" && h.Userspace != nil && h.Userspace.Running(l.Name):
 			impl = ImplUserspace
 		}
-		if !named[l.Name] && !(owned && impl != "") {
+		if !named[l.Name] && (d.Partial || !owned || impl == "") {
 			continue
 		}
 		o.Devices[l.Name] = ObservedDevice{
@@ -74,24 +74,8 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		if od.Impl == "" {
 			continue
 		}
-		dev, err := h.device(name)
-		if errors.Is(err, os.ErrNotExist) {
-			// A kernel link whose module is gone, or a TUN that is not
-			// (or no longer) WireGuard: not a device to configure.
-			od.Impl = ""
-			o.Devices[name] = od
-			continue
-		}
-		if err != nil {
+		if err := h.read(&od); err != nil {
 			return Observed{}, fmt.Errorf("wireguard %s: read device: %w", name, err)
-		}
-		od.PrivateKey = Key(dev.PrivateKey)
-		od.PublicKey = dev.PublicKey
-		od.ListenPort = dev.ListenPort
-		od.FwMark = dev.FirewallMark
-		od.Peers = make(map[wgtypes.Key]ObservedPeer, len(dev.Peers))
-		for _, p := range dev.Peers {
-			od.Peers[p.PublicKey] = observePeer(p)
 		}
 		o.Devices[name] = od
 	}
@@ -113,6 +97,48 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		}
 	}
 	return o, nil
+}
+
+// read fills in od's configuration and peers: a kernel device's straight
+// off one generic netlink dump, a userspace device's through wgctrl (UAPI).
+// A device that turns out not to be WireGuard (a kernel link whose module
+// is gone, a TUN that is not, or no longer, one) gets Impl "".
+func (h *Handle) read(od *ObservedDevice) error {
+	h.Host.Dumped(host.DumpWireGuard)
+	if od.Impl == ImplKernel {
+		kd, ok, err := h.readKernel(od.Name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			od.Impl = ""
+			return nil
+		}
+		od.PrivateKey, od.PublicKey, od.ListenPort, od.FwMark = kd.privateKey, kd.publicKey, kd.listenPort, kd.fwMark
+		od.Peers, od.Digest = kd.peers, kd.digest
+		return nil
+	}
+	// The count of other processes' UAPI connections before the read: a
+	// change made after it moves the digest again.
+	gen, running := h.Userspace.Generation(od.Name)
+	dev, err := h.device(od.Name)
+	if errors.Is(err, os.ErrNotExist) {
+		od.Impl = ""
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	od.PrivateKey = Key(dev.PrivateKey)
+	od.PublicKey = dev.PublicKey
+	od.ListenPort = dev.ListenPort
+	od.FwMark = dev.FirewallMark
+	od.Peers = make(map[wgtypes.Key]ObservedPeer, len(dev.Peers))
+	for _, p := range dev.Peers {
+		od.Peers[p.PublicKey] = observePeer(p)
+	}
+	od.Digest = Digest{Sum: gen, Exists: running}
+	return nil
 }
 
 func observePeer(p wgtypes.Peer) ObservedPeer {

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,6 +71,12 @@ type usDevice struct {
 	mu      sync.Mutex
 	closing bool
 	conns   map[net.Conn]struct{}
+
+	// foreign counts UAPI connections from other processes, when each is
+	// accepted and again when it ends: the only way to change the device
+	// from outside nodeagent (wg(8), wg-quick), so an unchanged count is an
+	// unchanged device (Digest).
+	foreign atomic.Uint64
 }
 
 // Start creates the TUN device name inside h's network namespace with MTU
@@ -159,6 +166,10 @@ func (u *Userspace) Start(h *host.Host, name string, mtu int) error {
 		return fmt.Errorf("wireguard %s: up: %w", name, err)
 	}
 
+	// Each device's count starts where no earlier device's reached, so a
+	// device started again under the same name never matches a digest
+	// taken of its predecessor.
+	d.foreign.Store(usGenerations.Add(1 << 40))
 	d.serving.Add(1)
 	go d.serve()
 	go u.watch(d)
@@ -188,6 +199,23 @@ func (u *Userspace) Running(name string) bool {
 	defer u.mu.Unlock()
 	d, ok := u.devs[name]
 	return ok && d.alive()
+}
+
+// usGenerations spaces the devices' foreign counts apart (Generation).
+var usGenerations atomic.Uint64
+
+// Generation returns the count of UAPI connections other processes made
+// to device name (bumped as each starts and as it ends), and whether this
+// process runs it. Between two equal readings nobody outside nodeagent can
+// have changed the device.
+func (u *Userspace) Generation(name string) (uint64, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	d, ok := u.devs[name]
+	if !ok || !d.alive() {
+		return 0, false
+	}
+	return d.foreign.Load(), true
 }
 
 // Close stops every device.
@@ -274,14 +302,41 @@ func (d *usDevice) serve() {
 		d.conns[c] = struct{}{}
 		d.serving.Add(1)
 		d.mu.Unlock()
+		foreign := !ownConn(c)
+		if foreign {
+			d.foreign.Add(1)
+		}
 		go func() {
 			defer d.serving.Done()
 			d.dev.IpcHandle(c) // closes c
+			if foreign {
+				d.foreign.Add(1)
+			}
 			d.mu.Lock()
 			delete(d.conns, c)
 			d.mu.Unlock()
 		}()
 	}
+}
+
+// ownConn reports whether a UAPI connection comes from this process (the
+// converger's own wgctrl reads and writes). One whose peer cannot be told
+// counts as another's.
+func ownConn(c net.Conn) bool {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return false
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	own := false
+	raw.Control(func(fd uintptr) {
+		cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		own = err == nil && int(cred.Pid) == os.Getpid()
+	})
+	return own
 }
 
 // usTUN runs the MTU query inside the device's namespace. NativeTun.MTU

@@ -119,6 +119,10 @@ type Peer struct {
 // Desired is the whole desired state of this subsystem.
 type Desired struct {
 	Devices []Device
+	// Partial says Devices are some of the desired devices, not all: owned
+	// devices not among them are neither observed nor deleted (the drift
+	// poll's look at the devices whose digest moved).
+	Partial bool
 }
 
 // ObservedDevice is one device as the kernel (or this process) has it.
@@ -140,6 +144,9 @@ type ObservedDevice struct {
 	ListenPort int
 	FwMark     int
 	Peers      map[wgtypes.Key]ObservedPeer
+	// Digest is of the state read (see Digest): the drift poll keeps it
+	// for a device found converged.
+	Digest Digest
 }
 
 // ObservedAddr is one address on an observed device.
