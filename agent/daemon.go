@@ -98,6 +98,9 @@ type Daemon struct {
 	// syncedHash is the config hash the last sync applied: a sync of the
 	// same config repairs drift, one of a new config does not.
 	syncedHash string
+	// wgConverged: the last full sync converged every WireGuard device, so
+	// a register file's change may be applied on its own (syncPeers).
+	wgConverged bool
 	// forwarding is what the last sync said about forwarding while the
 	// kill switch was down ("" when armed), logged when it changes.
 	forwarding string

@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -232,6 +234,24 @@ type fileWatch struct {
 	w      *fsnotify.Watcher
 	config string
 	dirs   atomic.Pointer[map[string]bool]
+
+	// changed are the register files events named since the loop last
+	// took them (trigPeers).
+	mu      sync.Mutex
+	changed map[string]bool
+}
+
+// take returns the register files changed since the last take.
+func (fw *fileWatch) take() []string {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	out := make([]string, 0, len(fw.changed))
+	for f := range fw.changed {
+		out = append(out, f)
+	}
+	clear(fw.changed)
+	slices.Sort(out)
+	return out
 }
 
 func watchFiles(ctx context.Context, config string, kick func(trigger), log *slog.Logger) (*fileWatch, error) {
@@ -255,8 +275,20 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 				if ev.Op == fsnotify.Chmod && filepath.Clean(ev.Name) != fw.config {
 					continue
 				}
-				if filepath.Clean(ev.Name) == fw.config || (*fw.dirs.Load())[filepath.Dir(filepath.Clean(ev.Name))] || (*fw.dirs.Load())[filepath.Clean(ev.Name)] {
+				name := filepath.Clean(ev.Name)
+				dirs := *fw.dirs.Load()
+				switch {
+				case name == fw.config || dirs[name]:
 					kick(trigConfig)
+				case dirs[filepath.Dir(name)]:
+					// One register file: the loop may apply just it.
+					fw.mu.Lock()
+					if fw.changed == nil {
+						fw.changed = map[string]bool{}
+					}
+					fw.changed[name] = true
+					fw.mu.Unlock()
+					kick(trigPeers)
 				}
 			case err, ok := <-w.Errors:
 				if !ok {

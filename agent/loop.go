@@ -25,6 +25,7 @@ const (
 	trigRetry            // after a failed sync
 	trigReload           // the sync after a reload asked over the API (the config is read already)
 	trigProvider         // a PIA provider registered, or gave up a registration
+	trigPeers            // register files changed (fileWatch.take names them)
 )
 
 func (t trigger) String() string {
@@ -47,6 +48,8 @@ func (t trigger) String() string {
 		return "reload"
 	case trigProvider:
 		return "provider"
+	case trigPeers:
+		return "peers"
 	}
 	return ""
 }
@@ -60,6 +63,18 @@ func (t trigger) rereads() bool {
 // change beats the rest, so the burst re-reads the config; a provider's
 // change beats a kernel event, so that it is not counted as drift.
 func merge(have, why trigger) trigger {
+	// Register files with anything else: the burst re-reads the config,
+	// the registers with it, unless the other trigger does already.
+	if (have == trigPeers) != (why == trigPeers) && have != trigNone && why != trigNone {
+		other := have
+		if other == trigPeers {
+			other = why
+		}
+		if !other.rereads() {
+			return trigConfig
+		}
+		return other
+	}
 	for _, t := range []trigger{trigConfig, trigSignal, trigAPI, trigStart, trigProvider} {
 		if have == t || why == t {
 			return t
@@ -159,7 +174,11 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			}
 			why := pending
 			pending = trigNone
-			if err := d.sync(ctx, why); err != nil {
+			sync := d.sync
+			if why == trigPeers {
+				sync = d.syncPeers
+			}
+			if err := sync(ctx, why); err != nil {
 				d.failures++
 				backoff := min(time.Second<<min(d.failures-1, 5), maxBackoff)
 				retry = time.After(backoff)

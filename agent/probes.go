@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/kube"
@@ -215,4 +216,66 @@ func recheck(ctx context.Context, ps []Probe, passed map[string]bool, deadline t
 		}
 	}
 	return "", nil
+}
+
+// probesViaWireGuard reports whether the traffic of any probe c asks for
+// would leave through one of devices (a WireGuard device): a change to
+// that device's peers could then break the probe, so it must go through
+// safe apply. Each target costs one route lookup (the gateway's two), not
+// a dump. A target that cannot be told (an API server by host name, a
+// failed lookup) counts as going through.
+func probesViaWireGuard(h *host.Host, c *config.Config, devices []string) bool {
+	var targets []netip.Addr
+	if api := apiServer(c); api != "" {
+		host, _, err := net.SplitHostPort(api)
+		a, perr := netip.ParseAddr(host)
+		if err != nil || perr != nil {
+			return true
+		}
+		targets = append(targets, a)
+	}
+	for _, s := range c.Checks.ARPReachable {
+		if a, err := netip.ParseAddr(s); err == nil {
+			targets = append(targets, a)
+		}
+	}
+	if c.Checks.GatewayARPOn() {
+		// The default route's gateway, and the device the default route
+		// itself leaves by (a full tunnel through WireGuard).
+		routes, err := h.NL().RouteGet(net.IPv4(192, 0, 2, 1))
+		switch {
+		case err != nil && !errors.Is(err, unix.ENETUNREACH):
+			return true
+		case err == nil && len(routes) > 0:
+			if viaDevice(h, routes[0].LinkIndex, devices) {
+				return true
+			}
+			if gw, ok := netip.AddrFromSlice(routes[0].Gw.To4()); ok && gw.IsValid() {
+				targets = append(targets, gw)
+			}
+		}
+	}
+	for _, t := range targets {
+		routes, err := h.NL().RouteGet(t.AsSlice())
+		if err != nil {
+			if errors.Is(err, unix.ENETUNREACH) {
+				continue // no route at all: no device's change moves it
+			}
+			return true
+		}
+		if len(routes) > 0 && viaDevice(h, routes[0].LinkIndex, devices) {
+			return true
+		}
+	}
+	return false
+}
+
+// viaDevice reports whether link index is one of devices (or cannot be
+// told).
+func viaDevice(h *host.Host, index int, devices []string) bool {
+	l, err := h.NL().LinkByIndex(index)
+	if err != nil {
+		return true
+	}
+	return slices.Contains(devices, l.Attrs().Name)
 }

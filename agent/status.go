@@ -191,6 +191,67 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	return failed
 }
 
+// publishPeers is publish for syncPeers: the sync's time and changes,
+// and the peers it wrote patched into the status's devices (the other
+// peers' counters and handshakes are as the last full sync read them).
+func (d *Daemon) publishPeers(why trigger, start time.Time, ops []wg.Op, rep plan.Report) {
+	changes := 0
+	var failedSubs []string
+	for _, e := range rep {
+		if e.Writes() {
+			changes++
+		}
+		if e.Failed() && !slices.Contains(failedSubs, e.Subsystem) {
+			failedSubs = append(failedSubs, e.Subsystem)
+		}
+	}
+	d.mu.Lock()
+	ws := slices.Clone(d.status.WireGuard)
+	for i := range ws {
+		cloned := false
+		for _, o := range ops {
+			if o.Device != ws[i].Name {
+				continue
+			}
+			if !cloned {
+				ws[i].Peers = slices.Clone(ws[i].Peers)
+				cloned = true
+			}
+			k := o.PeerID.String()
+			at, found := slices.BinarySearchFunc(ws[i].Peers, k, func(p api.WireGuardPeer, k string) int { return strings.Compare(p.PublicKey, k) })
+			if o.Kind == wg.OpRemovePeer {
+				if found {
+					ws[i].Peers = slices.Delete(ws[i].Peers, at, at+1)
+				}
+				continue
+			}
+			ps := api.WireGuardPeer{PublicKey: k, HandshakeAgeSeconds: -1}
+			if found {
+				ps = ws[i].Peers[at]
+			}
+			ps.Name = o.Peer.Name
+			ps.AllowedIPs = make([]string, 0, len(o.Peer.AllowedIPs))
+			for _, a := range o.Peer.AllowedIPs {
+				ps.AllowedIPs = append(ps.AllowedIPs, a.String())
+			}
+			if found {
+				ws[i].Peers[at] = ps
+			} else {
+				ws[i].Peers = slices.Insert(ws[i].Peers, at, ps)
+			}
+		}
+	}
+	d.status.WireGuard = ws
+	var count int64 = 1
+	if d.status.LastSync != nil {
+		count = d.status.LastSync.Count + 1
+	}
+	dur := time.Since(start)
+	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: why.String(), Changes: changes, Count: count}
+	d.mu.Unlock()
+	d.metrics.SyncDone(why.String(), dur, failedSubs)
+}
+
 // logSkipped logs each skipped entry once, when it first appears, and
 // says when all of them are gone: a bad peer file is not news on every
 // sync.

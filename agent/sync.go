@@ -44,6 +44,9 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		}
 	}
 	failed := d.publish(why, start, res)
+	// A register file's change may be applied on its own (syncPeers)
+	// only while the devices are as the desired state says.
+	d.wgConverged = len(failed) == 0 && !res.Post.WG.Writes() && des.WG.Devices != nil
 	if len(failed) > 0 {
 		return errors.Join(failed...)
 	}
@@ -54,6 +57,58 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		d.notify.Status(d.summary())
 	}
 	return nil
+}
+
+// syncPeers applies register files that changed (the file watch names
+// them) on their own: each file is read, its peer diffed against the one
+// it gave before, and that peer alone written, without reading the rest
+// of the config, the other files or the kernel, so one changed peer among
+// thousands costs about what `wg set` of it does. That is right only
+// while the devices are as the desired state says and nothing else is
+// due; otherwise, and for any change that could move another file's claim
+// (netcfg.ApplyPeerFiles says which), it is a full sync.
+func (d *Daemon) syncPeers(ctx context.Context, trig trigger) error {
+	files := d.files.take()
+	why := ""
+	switch {
+	case !d.ready || !d.wgConverged || d.failures > 0 || d.hash == d.badHash:
+		why = "the last sync did not converge"
+	case d.reading != nil:
+		why = "a config read is still under way"
+	case len(d.pia) > 0:
+		why = "a PIA provider shapes the desired state"
+	case d.cfg.Checks.SafeApplyOn() && probesViaWireGuard(d.host, d.cfg, d.wgNames()):
+		why = "a safe-apply probe's traffic goes through a WireGuard device"
+	}
+	if why != "" {
+		d.log.Debug("register change: full sync", "why", why)
+		return d.sync(ctx, trigConfig)
+	}
+	start := time.Now()
+	des, ops, rep, err := d.cv.ApplyPeerFiles(ctx, d.cfg, d.desired, files, d.o.Register)
+	if need, ok := errors.AsType[*netcfg.NeedFullSync](err); ok {
+		d.log.Debug("register change: full sync", "why", need.Reason)
+		return d.sync(ctx, trigConfig)
+	}
+	d.desired = des
+	if d.lastGood != nil && d.hash != d.badHash {
+		good := des
+		d.lastGood = &good
+	}
+	d.publishPeers(trig, start, ops, rep)
+	if err := rep.Err(); err != nil {
+		d.wgConverged = false
+		return err
+	}
+	return nil
+}
+
+func (d *Daemon) wgNames() []string {
+	var out []string
+	for _, dev := range d.desired.WG.Devices {
+		out = append(out, dev.Name)
+	}
+	return out
 }
 
 // apply carries out p, planned for des, with safe apply around a plan

@@ -332,6 +332,7 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 			dev.Skipped = append(dev.Skipped, fmt.Sprintf("%s: %v", where, err))
 			continue
 		}
+		p.Source = rp.File
 		dev.Peers = append(dev.Peers, p)
 	}
 	return dev

@@ -286,6 +286,55 @@ func (c *Cache) Load(dir string, opts config.Options) Contents {
 	return reg
 }
 
+// File is one register file as LoadFile read it.
+type File struct {
+	Peer Peer
+	// Errors are the file's own problems (it does not parse, validate or
+	// pass the file checks); clashes with other files are the caller's.
+	Errors config.ErrorList
+	// Ignored: not a file the register reads (a dotfile, an editor's
+	// backup, another extension, a directory).
+	Ignored bool
+	// Gone: no such file (removed, or renamed away).
+	Gone bool
+}
+
+// LoadFile reads the one file name of dir as Load would, through the
+// cache, checking nothing against the other files: what the daemon does
+// when fsnotify names the file that changed, so that one changed peer
+// among thousands costs one file's read.
+func (c *Cache) LoadFile(dir, name string, opts config.Options) File {
+	file := filepath.Join(dir, name)
+	format := registerFormat(name)
+	if format == "" || strings.ContainsRune(name, '/') {
+		return File{Ignored: true}
+	}
+	d, err := fsafe.OpenDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			c.forget(file)
+			return File{Gone: true}
+		}
+		return File{Errors: config.ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}
+	}
+	defer d.Close()
+	st, serr := d.Stat(name)
+	if errors.Is(serr, fs.ErrNotExist) || errors.Is(serr, unix.ENOENT) {
+		c.forget(file)
+		return File{Gone: true}
+	}
+	if hit, found := c.get(file); serr == nil && found && hit.id == idOf(st, opts) && !hit.racy {
+		return File{Peer: hit.p, Errors: hit.errs, Ignored: hit.ignore}
+	}
+	p, errs, ignore, st, ok := loadPeerFile(d, name, file, format, opts)
+	if ok {
+		id := idOf(st, opts)
+		racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
+		c.put(file, cachedPeerFile{id, p, errs, ignore, racy})
+	}
+	return File{Peer: p, Errors: errs, Ignored: ignore}
+}
+
 // Error bounds: a register file is reported by at most MaxFileErrors
 // errors and a count of the rest; a whole register by at most
 // MaxRegisterErrors. Hostile or broken input (a file of YAML aliases)
@@ -409,6 +458,13 @@ func (p Peer) field(i int) string {
 		return wgQuickName(path)
 	}
 	return path
+}
+
+// Transient reports whether name is an editor's working file the register
+// skips (a dotfile, a backup ending in ~), as opposed to a file it skips
+// for its extension (a key file kept beside the peers, say).
+func Transient(name string) bool {
+	return strings.HasPrefix(name, ".") || strings.HasSuffix(name, "~")
 }
 
 // registerFormat returns "yaml" or "conf" for a file name the register
@@ -816,6 +872,15 @@ func (c *Cache) put(file string, e cachedPeerFile) {
 		c.files = map[string]cachedPeerFile{}
 	}
 	c.files[file] = e
+}
+
+func (c *Cache) forget(file string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.files, file)
 }
 
 // keepOnly forgets the files of dir that are gone.

@@ -225,6 +225,26 @@ func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) Field {
 	return f
 }
 
+// PeerFields lists what differs between two desired peers of the same key,
+// as written to the kernel: the endpoint where both are addresses (a host
+// name is resolved by a sync), keepalive, preshared key, allowed IPs.
+func PeerFields(old, new Peer) Field {
+	var f Field
+	if old.Endpoint != new.Endpoint {
+		f |= FieldEndpoint
+	}
+	if old.Keepalive != new.Keepalive {
+		f |= FieldKeepalive
+	}
+	if old.PresharedKey != new.PresharedKey {
+		f |= FieldPresharedKey
+	}
+	if !slices.Equal(old.AllowedIPs, new.AllowedIPs) {
+		f |= FieldAllowedIPs
+	}
+	return f
+}
+
 func endpointText(ap netip.AddrPort) string {
 	if !ap.IsValid() {
 		return "(none)"

@@ -48,7 +48,7 @@ func (p *Poller) Poll(ctx context.Context, h *Handle, d Desired, always map[stri
 	for i := range d.Devices {
 		name := d.Devices[i].Name
 		if !always[name] {
-			dg, err := h.Digest(name, h.implOf(name))
+			dg, err := h.Digest(name, h.ImplOf(name))
 			if b, ok := p.base[name]; ok && err == nil && b == dg {
 				continue
 			}
@@ -66,6 +66,14 @@ func (p *Poller) Poll(ctx context.Context, h *Handle, d Desired, always map[stri
 	pl = MakePlan(part, o)
 	p.settle(pl, part.Devices)
 	return pl, true, nil
+}
+
+// Moved drops the digests of devices nodeagent wrote outside a sync, so
+// the next poll reads them whole.
+func (p *Poller) Moved(names []string) {
+	for _, n := range names {
+		delete(p.base, n)
+	}
 }
 
 // settle keeps, for each of devs, the digest of the state pl was planned
@@ -93,9 +101,9 @@ func (p *Poller) settle(pl Plan, devs []Device) {
 	}
 }
 
-// implOf is how device name runs, for its digest: userspace when this
+// ImplOf is how device name runs, for its digest: userspace when this
 // process runs it, else the kernel.
-func (h *Handle) implOf(name string) string {
+func (h *Handle) ImplOf(name string) string {
 	if h.Userspace != nil && h.Userspace.Running(name) {
 		return ImplUserspace
 	}

@@ -114,6 +114,9 @@ type Peer struct {
 	// session is live (a VPN provider's server answering from another
 	// of its addresses must not be fought every poll).
 	Roams bool
+	// Source is the register file the peer came from ("" for a peer of
+	// the config itself).
+	Source string
 }
 
 // Desired is the whole desired state of this subsystem.
