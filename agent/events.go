@@ -18,7 +18,6 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/vishvananda/netlink/nl"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,53 +34,68 @@ type interest struct {
 // a route or rule with protocol 147. Foreign churn (pods coming and going)
 // does not wake the loop. It returns when ctx ends.
 func watchNetlink(ctx context.Context, h *host.Host, want *atomic.Pointer[interest], kick func(trigger), log *slog.Logger) error {
-	cur, err := netns.Get()
+	// NetNS 0 for the process's own namespace: the socket is then opened
+	// without a setns, which needs CAP_SYS_ADMIN (the systemd unit grants
+	// only CAP_NET_ADMIN and CAP_NET_RAW).
+	cfg := &netlink.Config{}
+	if h.NS().IsOpen() {
+		cfg.NetNS = int(h.NS())
+	}
+	c, err := netlink.Dial(unix.NETLINK_ROUTE, cfg)
 	if err != nil {
 		return err
 	}
-	defer cur.Close()
-	// netns.None() for the process's own namespace: the socket is then
-	// opened without a setns, which needs CAP_SYS_ADMIN (the systemd unit
-	// grants only CAP_NET_ADMIN and CAP_NET_RAW).
-	ns := h.NS()
-	sock, err := nl.SubscribeAt(ns, cur, unix.NETLINK_ROUTE,
-		unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
-		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)
-	if err != nil {
-		return err
+	for _, g := range []uint32{unix.RTNLGRP_LINK, unix.RTNLGRP_IPV4_IFADDR, unix.RTNLGRP_IPV6_IFADDR,
+		unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE} {
+		if err := c.JoinGroup(g); err != nil {
+			c.Close()
+			return err
+		}
 	}
-	tv := unix.NsecToTimeval((200 * time.Millisecond).Nanoseconds())
-	sock.SetReceiveTimeout(&tv)
 	// Room for a burst (a thousand links coming up at boot); an overflow
 	// still loses events, which the loop answers with a full sync.
-	if fd := sock.GetFd(); fd >= 0 {
-		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-	}
+	c.SetReadBuffer(1 << 20)
 	go func() {
-		defer sock.Close()
+		defer c.Close()
 		// Index -> name of links seen, so an address event (which names
 		// only the index) can be matched to a named link.
 		names := map[int32]string{}
-		for ctx.Err() == nil {
-			msgs, _, err := sock.Receive()
-			if err != nil {
-				if lostEvents(err) {
-					// ENOBUFS: the kernel dropped notifications, any of
-					// which may have been about an owned object.
-					kick(trigResync)
-					time.Sleep(overflowPause)
-				}
-				continue
-			}
-			for _, m := range msgs {
-				if relevant(m.Header.Type, m.Data, want.Load(), names) {
-					kick(trigEvent)
-					break
-				}
-			}
-		}
+		receive(ctx, c, kick, func(m netlink.Message) bool {
+			return relevant(uint16(m.Header.Type), m.Data, want.Load(), names)
+		})
 	}()
 	return nil
+}
+
+// receive reads c's notifications until ctx ends, kicking the loop with
+// trigEvent for a batch holding one that matters and with trigResync when
+// notifications were lost. It sleeps in the receive (the runtime's poller)
+// until a notification comes: an idle daemon is not woken to look at the
+// clock, and the end of ctx closes c, which ends the receive.
+func receive(ctx context.Context, c *netlink.Conn, kick func(trigger), matters func(netlink.Message) bool) {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	for ctx.Err() == nil {
+		msgs, err := c.Receive()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if lostEvents(err) {
+				// ENOBUFS: the kernel dropped notifications, any of
+				// which may have been about an owned object.
+				kick(trigResync)
+				time.Sleep(overflowPause)
+			}
+			continue
+		}
+		for _, m := range msgs {
+			if matters(m) {
+				kick(trigEvent)
+				break
+			}
+		}
+	}
 }
 
 // lostEvents reports whether a receive error means notifications may have
@@ -190,37 +204,22 @@ func watchNftables(ctx context.Context, h *host.Host, kick func(trigger)) error 
 	c.SetReadBuffer(1 << 20)
 	go func() {
 		defer c.Close()
-		for ctx.Err() == nil {
-			c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-			msgs, err := c.Receive()
+		receive(ctx, c, kick, func(m netlink.Message) bool {
+			if len(m.Data) < 4 {
+				return false
+			}
+			ad, err := netlink.NewAttributeDecoder(m.Data[4:]) // after struct nfgenmsg
 			if err != nil {
-				if lostEvents(err) {
-					kick(trigResync)
-					time.Sleep(overflowPause)
-				}
-				continue
+				return false
 			}
-			for _, m := range msgs {
-				if len(m.Data) < 4 {
-					continue
-				}
-				ad, err := netlink.NewAttributeDecoder(m.Data[4:]) // after struct nfgenmsg
-				if err != nil {
-					continue
-				}
-				ad.ByteOrder = binary.BigEndian
-				hit := false
-				for ad.Next() {
-					if ad.Type() == 1 && strings.HasPrefix(ad.String(), "nodeagent") {
-						hit = true
-					}
-				}
-				if hit {
-					kick(trigEvent)
-					break
+			ad.ByteOrder = binary.BigEndian
+			for ad.Next() {
+				if ad.Type() == 1 && strings.HasPrefix(ad.String(), "nodeagent") {
+					return true
 				}
 			}
-		}
+			return false
+		})
 	}()
 	return nil
 }
