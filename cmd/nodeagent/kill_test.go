@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 
 // binary builds nodeagent once per test run. In the VM it is a script that
 // runs this test binary as nodeagent.
-func binary(t *testing.T) string {
+func binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		if testenv.InVM() {

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/testenv"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// BenchmarkIdleDaemon5000Peers runs the real daemon with a WireGuard
+// device of 5000 register peers (the kernel's in the VM, the userspace one
+// in a host namespace) and, once it is ready and has settled, measures its
+// CPU over 60 s of nothing changing from /proc/PID/stat (utime + stime)
+// and its resident memory from /proc/PID/status. Targets: at most 1 % of
+// one core, RSS at most 60 MiB. Run with -benchtime=1x; IDLE_SECONDS
+// shortens the window.
+func BenchmarkIdleDaemon5000Peers(b *testing.B) {
+	testenv.RequireRoot(b)
+	impl := "userspace"
+	if testenv.HasModule("wireguard") {
+		impl = "kernel"
+	}
+	window := 60 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("IDLE_SECONDS")); err == nil && s > 0 {
+		window = time.Duration(s) * time.Second
+	}
+	const peers = 5000
+	for i := 0; i < b.N; i++ {
+		node := testenv.NewNetNS(b)
+		bin := binary(b)
+		dir := b.TempDir()
+		b.Setenv("NODEAGENT_RT_TABLES", filepath.Join(dir, "nodeagent.conf"))
+		key := filepath.Join(dir, "wg.key")
+		k, _ := wgtypes.GeneratePrivateKey()
+		os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
+		reg := filepath.Join(dir, "peers.d")
+		os.Mkdir(reg, 0o755)
+		for j := 0; j < peers; j++ {
+			p, _ := wgtypes.GenerateKey()
+			os.WriteFile(filepath.Join(reg, fmt.Sprintf("peer%05d.yaml", j)), []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.%d.%d.%d/32]\n", p, 64+j/65536, j/256%256, j%256)), 0o644)
+		}
+		dev := "wgidle" + node.Name[len(node.Name)-4:]
+		cfg := filepath.Join(dir, "nodeagent.yaml")
+		os.WriteFile(cfg, []byte(fmt.Sprintf("wireguard:\n  - name: %s\n    implementation: %s\n    privateKeyFile: %s\n    listenPort: 51820\n    addresses: [10.90.0.1/16]\n    peersDir: %s\n", dev, impl, key, reg)), 0o600)
+		socket := filepath.Join(dir, "s.sock")
+		cmd := exec.Command("ip", "netns", "exec", node.Name, bin, "run", "-c", cfg, "--socket", socket, "--state-dir", filepath.Join(dir, "state"))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		stop := func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+		c := api.NewClient(socket)
+		var s *api.Status
+		for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			s, _ = c.Status(ctx)
+			cancel()
+			if s != nil && s.Ready {
+				break
+			}
+			if time.Now().After(deadline) {
+				stop()
+				b.Fatalf("not ready in 3 minutes; log:\n%.4096s", stderr.String())
+			}
+		}
+		live := 0
+		for _, d := range s.WireGuard {
+			live += len(d.Peers)
+		}
+		if live != peers {
+			stop()
+			b.Fatalf("the device has %d peers; want %d", live, peers)
+		}
+		// Settle: the first polls after start read the device whole.
+		time.Sleep(5 * time.Second)
+		pid := cmd.Process.Pid
+		cpu0, at0 := cpuTicks(b, pid), time.Now()
+		time.Sleep(window)
+		cpu1, at1 := cpuTicks(b, pid), time.Now()
+		rssKiB, hwmKiB, anonKiB := memKiB(b, pid, "VmRSS"), memKiB(b, pid, "VmHWM"), memKiB(b, pid, "RssAnon")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		after, err := c.Status(ctx)
+		cancel()
+		stop()
+		if err != nil || !after.Ready {
+			b.Fatalf("status after the window: %v", err)
+		}
+		share := float64(cpu1-cpu0) / clockTicks / at1.Sub(at0).Seconds() * 100
+		b.ReportMetric(share, "cpu-%-of-core")
+		b.ReportMetric(float64(rssKiB)/1024, "rss-MiB")
+		b.ReportMetric(float64(hwmKiB)/1024, "peak-rss-MiB")
+		b.ReportMetric(float64(anonKiB)/1024, "rss-anon-MiB")
+		fmt.Printf("\nidle daemon, %d %s WireGuard peers, %s with nothing changing: CPU %.2f %% of one core (target <= 1 %%), RSS %.1f MiB (target <= 60 MiB; %.1f MiB of it anonymous, the rest the binary's pages), peak %.1f MiB; the last sync (%s) took %.0f ms\n\n",
+			peers, impl, at1.Sub(at0).Round(time.Second), share, float64(rssKiB)/1024, float64(anonKiB)/1024, float64(hwmKiB)/1024, after.LastSync.Trigger, after.LastSync.DurationMS)
+	}
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on Linux.
+const clockTicks = 100
+
+// cpuTicks is the process's utime + stime from /proc/PID/stat.
+func cpuTicks(tb testing.TB, pid int) int64 {
+	tb.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses and may hold
+	// spaces: state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	if len(f) < 13 {
+		tb.Fatalf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + s
+}
+
+// memKiB reads one Vm* line of /proc/PID/status.
+func memKiB(tb testing.TB, pid int, field string) int {
+	tb.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := regexp.MustCompile(field + `:\s+(\d+) kB`).FindSubmatch(raw)
+	if m == nil {
+		tb.Fatalf("no %s in /proc/%d/status", field, pid)
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
