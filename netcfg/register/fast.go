@@ -153,6 +153,14 @@ func yamlSpecial(s string) bool {
 	case "null", "~", "true", "false", "yes", "no", "on", "off", "y", "n", ".inf", ".nan":
 		return true
 	}
+	// Only what can start a number goes to strconv (whose errors
+	// allocate): a digit, a sign, a point, or inf/nan; never a prefix.
+	if s == "" || strings.ContainsAny(s, "/:") {
+		return false
+	}
+	if c := s[0]; !(c >= '0' && c <= '9' || strings.IndexByte("+-.iInN", c) >= 0) {
+		return false
+	}
 	if _, err := strconv.ParseFloat(s, 64); err == nil {
 		return true
 	}

@@ -238,10 +238,13 @@ func (c *Cache) Load(dir string, opts config.Options) Contents {
 			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
 				// The identity is of what the name leads to now; a hit
 				// is a file that was opened, checked and parsed before.
-				st, serr := d.Stat(names[i])
-				if hit, found := c.get(files[i]); serr == nil && found && hit.id == idOf(st, opts) && !hit.racy {
-					out[i] = loaded{hit.p, hit.errs, hit.ignore}
-					continue
+				// A file the cache does not know is not stat'ed first:
+				// the read's own fstat gives its identity.
+				if hit, found := c.get(files[i]); found && !hit.racy {
+					if st, serr := d.Stat(names[i]); serr == nil && hit.id == idOf(st, opts) {
+						out[i] = loaded{hit.p, hit.errs, hit.ignore}
+						continue
+					}
 				}
 				p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
 				out[i] = loaded{p, errs, ignore}

@@ -13,7 +13,13 @@ import (
 
 // MakePlan computes the ops that take o to d. It is a pure function.
 func MakePlan(d Desired, o Observed) Plan {
-	var ops []Op
+	// Sized once: a plan of thousands of peer ops (888 bytes each) would
+	// otherwise spend its time growing and copying the slice.
+	n := len(o.Devices)
+	for _, dev := range d.Devices {
+		n += len(dev.Peers) + len(dev.Addrs) + len(dev.Skipped) + 8
+	}
+	ops := make([]Op, 0, n)
 	want := map[string]bool{}
 	for _, dev := range d.Devices {
 		want[dev.Name] = true
@@ -25,16 +31,16 @@ func MakePlan(d Desired, o Observed) Plan {
 		}
 	}
 	for _, dev := range d.Devices {
-		ops = append(ops, planDevice(dev, o)...)
+		ops = planDevice(ops, dev, o)
 	}
 	return Plan{Ops: ops, Desired: d, Observed: o}
 }
 
-func planDevice(d Device, o Observed) []Op {
+// planDevice appends the ops of device d to ops.
+func planDevice(ops []Op, d Device, o Observed) []Op {
 	fail := func(format string, a ...any) Op {
 		return Op{Kind: OpFail, Device: d.Name, Failed: true, Detail: fmt.Sprintf(format, a...)}
 	}
-	var ops []Op
 	for _, s := range d.Skipped {
 		f := fail("peer skipped: %s", s)
 		f.Skipped = true
@@ -55,7 +61,7 @@ func planDevice(d Device, o Observed) []Op {
 		for _, a := range d.Addrs {
 			ops = append(ops, Op{Kind: OpAddAddr, Device: d.Name, Addr: a})
 		}
-		return append(ops, planPeers(d, ObservedDevice{}, o)...)
+		return planPeers(ops, d, ObservedDevice{}, o)
 	}
 	switch {
 	case od.Impl == "":
@@ -74,7 +80,7 @@ func planDevice(d Device, o Observed) []Op {
 		for _, a := range d.Addrs {
 			ops = append(ops, Op{Kind: OpAddAddr, Device: d.Name, Addr: a})
 		}
-		return append(ops, planPeers(d, ObservedDevice{}, o)...)
+		return planPeers(ops, d, ObservedDevice{}, o)
 	}
 	if mtuOf(d) != od.MTU {
 		ops = append(ops, Op{Kind: OpSetMTU, Device: d.Name, Want: d, Old: od})
@@ -102,7 +108,7 @@ func planDevice(d Device, o Observed) []Op {
 	if fields != 0 {
 		ops = append(ops, Op{Kind: OpSetDevice, Device: d.Name, Want: d, Old: od, Fields: fields})
 	}
-	ops = append(ops, planPeers(d, od, o)...)
+	ops = planPeers(ops, d, od, o)
 	if !od.Up {
 		ops = append(ops, Op{Kind: OpSetUp, Device: d.Name, Old: od})
 	}
@@ -141,15 +147,9 @@ func kindName(k string) string {
 	return k
 }
 
-// planPeers diffs the peers one by one. od is the zero value for a device
-// this sync creates.
-func planPeers(d Device, od ObservedDevice, o Observed) []Op {
-	var ops []Op
-	if len(od.Peers) == 0 {
-		// A new device: every peer is an add. Sized once, since a plan of
-		// thousands of ops otherwise spends its time growing the slice.
-		ops = make([]Op, 0, len(d.Peers))
-	}
+// planPeers appends the peer ops of d to ops, diffing the peers one by
+// one. od is the zero value for a device this sync creates.
+func planPeers(ops []Op, d Device, od ObservedDevice, o Observed) []Op {
 	want := make(map[wgtypes.Key]bool, len(d.Peers))
 	for _, p := range d.Peers {
 		want[p.PublicKey] = true
