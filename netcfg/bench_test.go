@@ -251,11 +251,7 @@ func BenchmarkNoopSync1000x1000x5000(b *testing.B) {
 		keyFile := filepath.Join(dir, "wg0.key")
 		os.WriteFile(keyFile, []byte(key.String()+"\n"), 0o600)
 		reg := filepath.Join(dir, "peers.d")
-		os.Mkdir(reg, 0o755)
-		for j := 0; j < peers; j++ {
-			p, _ := wgtypes.GenerateKey()
-			os.WriteFile(filepath.Join(reg, fmt.Sprintf("peer%05d.yaml", j)), []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.%d.%d.%d/32]\n", p, 64+j/65536, j/256%256, j%256)), 0o644)
-		}
+		testenv.WriteRegister(b, reg, peers)
 		var y strings.Builder
 		y.WriteString("dad: {disabled: true}\nvlans:\n")
 		for j := 1; j <= n; j++ {

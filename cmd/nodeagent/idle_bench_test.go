@@ -46,11 +46,7 @@ func BenchmarkIdleDaemon5000Peers(b *testing.B) {
 		k, _ := wgtypes.GeneratePrivateKey()
 		os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
 		reg := filepath.Join(dir, "peers.d")
-		os.Mkdir(reg, 0o755)
-		for j := 0; j < peers; j++ {
-			p, _ := wgtypes.GenerateKey()
-			os.WriteFile(filepath.Join(reg, fmt.Sprintf("peer%05d.yaml", j)), []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.%d.%d.%d/32]\n", p, 64+j/65536, j/256%256, j%256)), 0o644)
-		}
+		testenv.WriteRegister(b, reg, peers)
 		dev := "wgidle" + node.Name[len(node.Name)-4:]
 		cfg := filepath.Join(dir, "nodeagent.yaml")
 		os.WriteFile(cfg, []byte(fmt.Sprintf("wireguard:\n  - name: %s\n    implementation: %s\n    privateKeyFile: %s\n    listenPort: 51820\n    addresses: [10.90.0.1/16]\n    peersDir: %s\n", dev, impl, key, reg)), 0o600)

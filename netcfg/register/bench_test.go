@@ -1,26 +1,17 @@
 package register
 
 import (
-	"crypto/rand"
-	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	"github.com/nodeagent/nodeagent/testenv"
 )
 
 // benchRegister writes n peer files as a remote-access server's register
 // holds them: a public key and one /32 each.
 func benchRegister(b *testing.B, n int) string {
 	dir := b.TempDir()
-	for i := 0; i < n; i++ {
-		var k wgtypes.Key
-		rand.Read(k[:])
-		os.WriteFile(filepath.Join(dir, fmt.Sprintf("peer%05d.yaml", i)),
-			[]byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.%d.%d.%d/32]\n", k, 64+i/65536, i/256%256, i%256)), 0o644)
-	}
+	testenv.WriteRegister(b, dir, n)
 	return dir
 }
 
