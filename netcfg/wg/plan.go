@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/peerlive"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -213,13 +214,20 @@ func peerChanges(p Peer, ep netip.AddrPort, op ObservedPeer, o Observed) Field {
 			f |= FieldEndpoint
 		}
 	}
-	if p.Keepalive != op.Keepalive {
+	return f | settingsDiffer(p, op.Keepalive, op.PresharedKey, op.AllowedIPs)
+}
+
+// settingsDiffer lists which of p's keepalive, preshared key and allowed
+// IPs differ from the given ones.
+func settingsDiffer(p Peer, keepalive time.Duration, psk Key, allowed []netip.Prefix) Field {
+	var f Field
+	if p.Keepalive != keepalive {
 		f |= FieldKeepalive
 	}
-	if p.PresharedKey != op.PresharedKey {
+	if p.PresharedKey != psk {
 		f |= FieldPresharedKey
 	}
-	if !slices.Equal(p.AllowedIPs, op.AllowedIPs) {
+	if !slices.Equal(p.AllowedIPs, allowed) {
 		f |= FieldAllowedIPs
 	}
 	return f
@@ -233,16 +241,7 @@ func PeerFields(old, new Peer) Field {
 	if old.Endpoint != new.Endpoint {
 		f |= FieldEndpoint
 	}
-	if old.Keepalive != new.Keepalive {
-		f |= FieldKeepalive
-	}
-	if old.PresharedKey != new.PresharedKey {
-		f |= FieldPresharedKey
-	}
-	if !slices.Equal(old.AllowedIPs, new.AllowedIPs) {
-		f |= FieldAllowedIPs
-	}
-	return f
+	return f | settingsDiffer(new, old.Keepalive, old.PresharedKey, old.AllowedIPs)
 }
 
 func endpointText(ap netip.AddrPort) string {
