@@ -157,4 +157,32 @@ func TestRegisterFileChangeWritesOnePeer(t *testing.T) {
 	one("allowed IPs changed again", 1, func() { put(12, keys[12], "10.91.1.12/32") }, func() bool {
 		return strings.Contains(kernel(), keys[12].String()+"\t10.91.1.12/32")
 	})
+	// A file beside the peers that is not a peer file (a preshared key a
+	// peer may name): a full sync.
+	s, _ = step("a key file beside the peers", func() { os.WriteFile(filepath.Join(reg, "alice.psk"), []byte("x\n"), 0o600) })
+	if s.Trigger != "config" {
+		t.Errorf("a key file beside the peers: a %q sync; want a full one", s.Trigger)
+	}
+	// Safe apply: a probe whose traffic leaves through the device (an
+	// address of its own subnet) makes every peer change a full sync,
+	// with the probes around it; one that does not, does not.
+	base, _ := os.ReadFile(cfg)
+	for _, c := range []struct {
+		target, want string
+	}{{"10.91.0.200", "config"}, {"127.0.0.1", "peers"}} {
+		step("checks.arpReachable "+c.target, func() {
+			os.WriteFile(cfg, append(base, fmt.Sprintf("checks:\n  gatewayARP: false\n  arpReachable: [%s]\n", c.target)...), 0o600)
+		})
+		for last := count(); ; last = count() {
+			time.Sleep(time.Second)
+			if count() == last {
+				break
+			}
+		}
+		s, _ := step("a peer change with a probe to "+c.target, func() { put(13, keys[13], "10.91.1.13/32") })
+		if s.Trigger != c.want {
+			t.Errorf("a probe to %s: a %q sync; want %q", c.target, s.Trigger, c.want)
+		}
+		put(13, keys[13], "10.91.0.23/32")
+	}
 }
