@@ -128,6 +128,10 @@ func TestRegisterFileChangeWritesOnePeer(t *testing.T) {
 		os.Rename(tmp, file(10))
 	}, func() bool { return strings.Contains(kernel(), keys[10].String()+"\t10.91.1.10/32") })
 
+	one("renamed (the same peer in another file)", 0, func() {
+		os.Rename(file(14), filepath.Join(reg, "peer14-laptop.yaml"))
+	}, func() bool { return strings.Contains(kernel(), keys[14].String()+"\t10.91.0.24/32") })
+
 	// Another file's key: a full sync, which skips the later file.
 	s, _ := step("a clashing key", func() { put(57, keys[11], "10.91.0.157/32") })
 	if s.Trigger != "config" {

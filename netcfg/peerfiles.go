@@ -2,6 +2,7 @@ package netcfg
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,11 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/register"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
+
+// maxPeerFiles is the most changed files ApplyPeerFiles takes on its own:
+// each costs a scan of its device's peers, and a register rewritten whole
+// (config management at work) is a full sync's job.
+const maxPeerFiles = 64
 
 // NeedFullSync is why ApplyPeerFiles left a change to the full sync.
 type NeedFullSync struct{ Reason string }
@@ -38,13 +44,36 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 		dev      int
 		old, new *wg.Peer
 	}
-	var changes []change
-	devs := slices.Clone(d.WG.Devices)
-	cloned := map[int]bool{}
+	if len(files) > maxPeerFiles {
+		return d, nil, nil, &NeedFullSync{fmt.Sprintf("%d files changed at once", len(files))}
+	}
+	// Each file read first; the ones gone are applied first, so that a
+	// peer moved to a new name (a rename) finds its key free.
+	type read struct {
+		f, dir, name string
+		rf           register.File
+	}
+	var reads []read
 	for _, f := range files {
 		f = filepath.Clean(f)
 		dir, name := filepath.Split(f)
 		dir = filepath.Clean(dir)
+		reads = append(reads, read{f, dir, name, cache.LoadFile(dir, name, config.Options{})})
+	}
+	slices.SortStableFunc(reads, func(a, b read) int {
+		switch {
+		case a.rf.Gone == b.rf.Gone:
+			return 0
+		case a.rf.Gone:
+			return -1
+		}
+		return 1
+	})
+	var changes []change
+	devs := slices.Clone(d.WG.Devices)
+	cloned := map[int]bool{}
+	for _, r := range reads {
+		f, dir, name, rf := r.f, r.dir, r.name, r.rf
 		di, wi := -1, -1
 		for i, w := range cfg.WireGuard {
 			if w.PeersDir != "" && filepath.Clean(w.PeersDir) == dir {
@@ -67,7 +96,6 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 			dev.Peers = slices.Clone(dev.Peers)
 			cloned[di] = true
 		}
-		rf := cache.LoadFile(dir, name, config.Options{})
 		switch {
 		case rf.Ignored && !register.Transient(name):
 			// Not a peer file: a preshared key file beside the peers,
@@ -139,24 +167,50 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 		out.WG.Devices = devs
 		return out, nil, nil, nil
 	}
+	// Per device and key: what the changed files held before and hold
+	// now. A key that moved between files (a rename) is an update in
+	// place, not a remove and an add, which would drop its session.
 	h := c.WG()
-	var ops []wg.Op
+	type diff struct {
+		dev      string
+		old, new *wg.Peer
+	}
+	var keys []diff
+	at := map[string]int{} // device + key -> index in keys
 	for _, ch := range changes {
 		name := devs[ch.dev].Name
-		old := wg.ObservedDevice{Name: name, Impl: h.ImplOf(name)}
-		switch {
-		case ch.new == nil:
-			ops = append(ops, wg.Op{Kind: wg.OpRemovePeer, Device: name, PeerID: ch.old.PublicKey, Old: old})
-		case ch.old == nil || ch.old.PublicKey != ch.new.PublicKey:
-			if ch.old != nil {
-				ops = append(ops, wg.Op{Kind: wg.OpRemovePeer, Device: name, PeerID: ch.old.PublicKey, Old: old})
+		for _, p := range []*wg.Peer{ch.old, ch.new} {
+			if p == nil {
+				continue
 			}
-			ops = append(ops, wg.Op{Kind: wg.OpAddPeer, Device: name, PeerID: ch.new.PublicKey, Peer: *ch.new, Endpoint: literal(ch.new.Endpoint), Old: old})
+			id := name + "\x00" + string(p.PublicKey[:])
+			i, ok := at[id]
+			if !ok {
+				i = len(keys)
+				at[id] = i
+				keys = append(keys, diff{dev: name})
+			}
+			if p == ch.old && keys[i].old == nil {
+				keys[i].old = p
+			}
+			if p == ch.new {
+				keys[i].new = p
+			}
+		}
+	}
+	var ops []wg.Op
+	for _, k := range keys {
+		old := wg.ObservedDevice{Name: k.dev, Impl: h.ImplOf(k.dev)}
+		switch {
+		case k.new == nil:
+			ops = append(ops, wg.Op{Kind: wg.OpRemovePeer, Device: k.dev, PeerID: k.old.PublicKey, Old: old})
+		case k.old == nil:
+			ops = append(ops, wg.Op{Kind: wg.OpAddPeer, Device: k.dev, PeerID: k.new.PublicKey, Peer: *k.new, Endpoint: literal(k.new.Endpoint), Old: old})
 		default:
 			// The same key: what differs, in place (a renamed peer's
 			// name is the desired state's alone).
-			if f := wg.PeerFields(*ch.old, *ch.new); f != 0 {
-				ops = append(ops, wg.Op{Kind: wg.OpUpdatePeer, Device: name, PeerID: ch.new.PublicKey, Peer: *ch.new, Endpoint: literal(ch.new.Endpoint), Fields: f, Old: old})
+			if f := wg.PeerFields(*k.old, *k.new); f != 0 {
+				ops = append(ops, wg.Op{Kind: wg.OpUpdatePeer, Device: k.dev, PeerID: k.new.PublicKey, Peer: *k.new, Endpoint: literal(k.new.Endpoint), Fields: f, Old: old})
 			}
 		}
 	}
