@@ -25,6 +25,29 @@ func wgExec(t *testing.T, ns *testenv.NetNS, args ...string) {
 	}
 }
 
+// kernelDeviceLab makes kernel WireGuard device name, up, in a fresh
+// namespace, and a handle there.
+func kernelDeviceLab(t *testing.T, name string) (*testenv.NetNS, *Handle) {
+	t.Helper()
+	testenv.RequireModule(t, "wireguard")
+	ns := testenv.NewNetNS(t)
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	if err := ns.NL.LinkAdd(&netlink.Wireguard{LinkAttrs: la}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ns.NL.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.NL.LinkSetUp(l); err != nil {
+		t.Fatal(err)
+	}
+	h := &Handle{Host: ns.Host}
+	t.Cleanup(h.Close)
+	return ns, h
+}
+
 // TestKernelDigest: a kernel device's digest stays put while only its
 // counters and handshake times move, and whatever dump sizes the kernel
 // picks (the first dump on a socket comes in smaller messages than the
@@ -32,17 +55,7 @@ func wgExec(t *testing.T, ns *testenv.NetNS, args ...string) {
 // with every field `wg set` can change, and an undone change gives the
 // old digest back. Reading it allocates nothing.
 func TestKernelDigest(t *testing.T) {
-	testenv.RequireModule(t, "wireguard")
-	ns := testenv.NewNetNS(t)
-	la := netlink.NewLinkAttrs()
-	la.Name = "wgdg0"
-	if err := ns.NL.LinkAdd(&netlink.Wireguard{LinkAttrs: la}); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := ns.NL.LinkByName("wgdg0")
-	ns.NL.LinkSetUp(l)
-	h := &Handle{Host: ns.Host}
-	t.Cleanup(h.Close)
+	ns, h := kernelDeviceLab(t, "wgdg0")
 	key, _ := wgtypes.GeneratePrivateKey()
 	port := 51820
 	peers := randomPeers(5000, 1)
@@ -282,17 +295,7 @@ func TestPollReadsOnlyMovedDevices(t *testing.T) {
 // endpoints and allowed IPs, a preshared key, a keepalive, a live
 // handshake counter.
 func TestKernelReaderMatchesWgctrl(t *testing.T) {
-	testenv.RequireModule(t, "wireguard")
-	ns := testenv.NewNetNS(t)
-	la := netlink.NewLinkAttrs()
-	la.Name = "wgrd0"
-	if err := ns.NL.LinkAdd(&netlink.Wireguard{LinkAttrs: la}); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := ns.NL.LinkByName("wgrd0")
-	ns.NL.LinkSetUp(l)
-	h := &Handle{Host: ns.Host}
-	t.Cleanup(h.Close)
+	_, h := kernelDeviceLab(t, "wgrd0")
 	key, _ := wgtypes.GeneratePrivateKey()
 	port, mark := 51820, 0x42
 	peers := randomPeers(5000, 1)

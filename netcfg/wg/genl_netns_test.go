@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeagent/nodeagent/testenv"
-	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -19,15 +17,7 @@ import (
 // ceil(bytes / page) + 1 messages (the writer's are 32 KiB: far fewer). Then it removes one peer and replaces
 // another's allowed IPs, and the other peers are untouched.
 func TestKernelWriterRoundTrip(t *testing.T) {
-	testenv.RequireModule(t, "wireguard")
-	ns := testenv.NewNetNS(t)
-	la := netlink.NewLinkAttrs()
-	la.Name = "wgrt0"
-	if err := ns.NL.LinkAdd(&netlink.Wireguard{LinkAttrs: la}); err != nil {
-		t.Fatal(err)
-	}
-	h := &Handle{Host: ns.Host}
-	t.Cleanup(h.Close)
+	ns, h := kernelDeviceLab(t, "wgrt0")
 	key, _ := wgtypes.GeneratePrivateKey()
 	psk, _ := wgtypes.GenerateKey()
 	port := 51820
