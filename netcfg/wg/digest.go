@@ -170,11 +170,20 @@ func (g *digester) dump(name string, each func([]byte) bool) (exists bool, err e
 	}
 	binary.NativeEndian.PutUint32(r, uint32(len(r)))
 	g.req = r
-	if _, err := unix.Write(g.fd, r); err != nil {
+	// A signal may interrupt a call on a socket with a timeout (EINTR
+	// then, not a restart): try again.
+	_, err = unix.Write(g.fd, r)
+	for err == unix.EINTR {
+		_, err = unix.Write(g.fd, r)
+	}
+	if err != nil {
 		return false, fmt.Errorf("wireguard %s: dump: %w", name, err)
 	}
 	for {
 		m, err := unix.Read(g.fd, g.buf)
+		for err == unix.EINTR {
+			m, err = unix.Read(g.fd, g.buf)
+		}
 		if err != nil {
 			return false, fmt.Errorf("wireguard %s: dump: %w", name, err)
 		}
