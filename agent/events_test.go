@@ -64,3 +64,26 @@ func TestPollInterval(t *testing.T) {
 		}
 	}
 }
+
+// TestMergePeers: register file changes alone stay a "peers" sync; with
+// any other trigger the burst is a sync that re-reads the config (the
+// other one's, when it re-reads; the start's, which re-reads when files
+// changed since the load).
+func TestMergePeers(t *testing.T) {
+	for _, c := range []struct{ have, why, want trigger }{
+		{trigNone, trigPeers, trigPeers},
+		{trigPeers, trigPeers, trigPeers},
+		{trigPeers, trigEvent, trigConfig},
+		{trigEvent, trigPeers, trigConfig},
+		{trigPeers, trigRetry, trigConfig},
+		{trigPeers, trigResync, trigResync},
+		{trigPeers, trigConfig, trigConfig},
+		{trigSignal, trigPeers, trigSignal},
+		{trigStart, trigPeers, trigStart},
+		{trigPeers, trigProvider, trigConfig},
+	} {
+		if got := merge(c.have, c.why); got != c.want {
+			t.Errorf("merge(%s, %s) = %s; want %s", c.have, c.why, got, c.want)
+		}
+	}
+}

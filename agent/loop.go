@@ -70,7 +70,12 @@ func merge(have, why trigger) trigger {
 		if other == trigPeers {
 			other = why
 		}
-		if !other.rereads() {
+		switch {
+		case other == trigStart:
+			// The first sync re-reads the config when files changed
+			// since it was loaded (sync).
+			return trigStart
+		case !other.rereads():
 			return trigConfig
 		}
 		return other

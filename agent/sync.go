@@ -16,8 +16,16 @@ import (
 // exactly it, and publish what became of it and the state it reached.
 func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	start := time.Now()
-	if why.rereads() {
+	switch {
+	case why.rereads():
+		// The register is read whole: the files the watch named are in it.
+		if d.files != nil {
+			d.files.take()
+		}
 		d.reload(why)
+	case why == trigStart && d.files != nil && len(d.files.take()) > 0:
+		// Register files changed between the load and the first sync.
+		d.reload(trigResync)
 	}
 	des := d.desired
 	if d.hash == d.badHash && d.lastGood != nil {
