@@ -104,6 +104,11 @@ func TestSafeApplyAppliesTheCheckedPlan(t *testing.T) {
 	if !slices.Equal(changed.checked, changed.applied) {
 		t.Errorf("applied %q; the plan checked was %q", changed.applied, changed.checked)
 	}
+	// The probe's connect completes in the kernel; the listener's Accept,
+	// which counts it, may run a moment after the sync is done.
+	for deadline := time.Now().Add(5 * time.Second); probed.Load()-probesBefore < 2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := probed.Load() - probesBefore; n < 2 {
 		t.Errorf("the API server was probed %d times around the change; want before and after", n)
 	}
