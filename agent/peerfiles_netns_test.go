@@ -58,14 +58,17 @@ func TestRegisterFileChangeWritesOnePeer(t *testing.T) {
 		}
 		return 0
 	}
-	// The kernel events of the first sync's own writes bring a sync or
-	// two more; a change merged with one of those is a full sync.
-	for last := count(); ; last = count() {
-		time.Sleep(time.Second)
-		if count() == last {
-			break
+	// The kernel events of a sync's own writes bring a sync or two more;
+	// a change merged with one of those is a full sync.
+	quiet := func() {
+		for last := count(); ; last = count() {
+			time.Sleep(time.Second)
+			if count() == last {
+				return
+			}
 		}
 	}
+	quiet()
 	// step makes one change and waits for the sync it brings; it returns
 	// that sync and the peer entries written.
 	step := func(what string, change func()) (*api.Sync, int64) {
@@ -177,12 +180,7 @@ func TestRegisterFileChangeWritesOnePeer(t *testing.T) {
 		step("checks.arpReachable "+c.target, func() {
 			os.WriteFile(cfg, append(base, fmt.Sprintf("checks:\n  gatewayARP: false\n  arpReachable: [%s]\n", c.target)...), 0o600)
 		})
-		for last := count(); ; last = count() {
-			time.Sleep(time.Second)
-			if count() == last {
-				break
-			}
-		}
+		quiet()
 		s, _ := step("a peer change with a probe to "+c.target, func() { put(13, keys[13], "10.91.1.13/32") })
 		if s.Trigger != c.want {
 			t.Errorf("a probe to %s: a %q sync; want %q", c.target, s.Trigger, c.want)

@@ -116,16 +116,12 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	}
 
 	d.mu.Lock()
-	var count int64 = 1
-	if d.status.LastSync != nil {
-		count = d.status.LastSync.Count + 1
-	}
 	d.status.Node = d.cfg.Node.Name
 	if d.status.Node == "" {
 		d.status.Node, _ = os.Hostname()
 	}
 	d.status.ConfigHash = d.hash
-	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: why.String(), Changes: total, Count: count}
+	d.setLastSync(why, start, dur, total)
 	d.status.Subsystems = subs
 	d.status.Pending = pendingObjs
 	d.status.Failed = failedObjs
@@ -191,6 +187,15 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	return failed
 }
 
+// setLastSync records a finished sync in status (d.mu held).
+func (d *Daemon) setLastSync(why trigger, start time.Time, dur time.Duration, changes int) {
+	var count int64 = 1
+	if d.status.LastSync != nil {
+		count = d.status.LastSync.Count + 1
+	}
+	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: why.String(), Changes: changes, Count: count}
+}
+
 // publishPeers is publish for syncPeers: the sync's time and changes,
 // and the peers it wrote patched into the status's devices (the other
 // peers' counters and handshakes are as the last full sync read them).
@@ -242,12 +247,8 @@ func (d *Daemon) publishPeers(why trigger, start time.Time, ops []wg.Op, rep pla
 		}
 	}
 	d.status.WireGuard = ws
-	var count int64 = 1
-	if d.status.LastSync != nil {
-		count = d.status.LastSync.Count + 1
-	}
 	dur := time.Since(start)
-	d.status.LastSync = &api.Sync{Time: start.UTC(), DurationMS: float64(dur.Microseconds()) / 1000, Trigger: why.String(), Changes: changes, Count: count}
+	d.setLastSync(why, start, dur, changes)
 	d.mu.Unlock()
 	d.metrics.SyncDone(why.String(), dur, failedSubs)
 }

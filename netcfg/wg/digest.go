@@ -77,12 +77,19 @@ func (h *Handle) Digest(name, impl string) (Digest, error) {
 	}
 	d, err := g.digest(name)
 	if err != nil {
-		// A dump cut short (a timeout) would leave its tail queued and
-		// the socket refusing a new dump: start afresh next time.
-		g.close()
-		h.dg = nil
+		h.dropDigester()
 	}
 	return d, err
+}
+
+// dropDigester closes the digest socket after a failed dump: one cut
+// short (a timeout) would leave its tail queued and the socket refusing a
+// new dump, so the next one starts afresh.
+func (h *Handle) dropDigester() {
+	if h.dg != nil {
+		h.dg.close()
+		h.dg = nil
+	}
 }
 
 // digester opens the digest socket inside the namespace, once.

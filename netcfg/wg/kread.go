@@ -64,8 +64,7 @@ func (h *Handle) readKernel(name string) (kd kernelDevice, exists bool, err erro
 		})
 	})
 	if err != nil {
-		g.close()
-		h.dg = nil
+		h.dropDigester()
 		return kernelDevice{}, false, err
 	}
 	if !exists {
