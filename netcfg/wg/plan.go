@@ -14,11 +14,17 @@ import (
 
 // MakePlan computes the ops that take o to d. It is a pure function.
 func MakePlan(d Desired, o Observed) Plan {
-	// Sized once: a plan of thousands of peer ops (888 bytes each) would
-	// otherwise spend its time growing and copying the slice.
+	// Sized once for the peers a device gains or loses: a plan of
+	// thousands of peer ops (888 bytes each) would otherwise spend its
+	// time growing and copying the slice, and a no-op plan sized for every
+	// peer would clear megabytes to hold nothing.
 	n := len(o.Devices)
 	for _, dev := range d.Devices {
-		n += len(dev.Peers) + len(dev.Addrs) + len(dev.Skipped) + 8
+		have := 0
+		if od, ok := o.Devices[dev.Name]; ok {
+			have = len(od.Peers)
+		}
+		n += max(len(dev.Peers)-have, have-len(dev.Peers)) + len(dev.Addrs) + len(dev.Skipped) + 8
 	}
 	ops := make([]Op, 0, n)
 	want := map[string]bool{}

@@ -56,6 +56,11 @@ func (d DeviceState) LivePeers() int {
 	return n
 }
 
+type keyedPeer struct {
+	key string
+	p   PeerState
+}
+
 // States summarises the desired devices of p as observed, with the
 // problems p reports for each.
 func States(p Plan) []DeviceState {
@@ -68,16 +73,23 @@ func States(p Plan) []DeviceState {
 		}
 		if od, ok := p.Observed.Devices[d.Name]; ok && od.Impl != "" {
 			ds.Impl, ds.PublicKey, ds.ListenPort = od.Impl, od.PublicKey, od.ListenPort
+			// Listed by the key as wg(8) prints it, each encoded once (not
+			// twice per comparison).
+			byKey := make([]keyedPeer, 0, len(od.Peers))
 			for _, op := range od.Peers {
-				ds.Peers = append(ds.Peers, PeerState{
+				byKey = append(byKey, keyedPeer{op.PublicKey.String(), PeerState{
 					PublicKey: op.PublicKey, Name: names[op.PublicKey], Endpoint: op.Endpoint,
 					LastHandshake: op.LastHandshake, RxBytes: op.RxBytes, TxBytes: op.TxBytes,
 					AllowedIPs: op.AllowedIPs,
-				})
+				}})
 			}
-			slices.SortFunc(ds.Peers, func(a, b PeerState) int {
-				return strings.Compare(a.PublicKey.String(), b.PublicKey.String())
-			})
+			slices.SortFunc(byKey, func(a, b keyedPeer) int { return strings.Compare(a.key, b.key) })
+			if len(byKey) > 0 {
+				ds.Peers = make([]PeerState, len(byKey))
+				for i, kp := range byKey {
+					ds.Peers[i] = kp.p
+				}
+			}
 		}
 		for _, o := range p.Ops {
 			if o.Kind == OpFail && o.Device == d.Name {
