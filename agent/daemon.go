@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"os"
@@ -85,13 +86,18 @@ type Daemon struct {
 	reading chan loaded
 
 	// Loop-owned state: only the loop goroutine touches these.
-	cfg      *config.Config
-	desired  netcfg.Desired
-	hash     string
-	lastGood *netcfg.Desired // the last desired state applied without breaking a probe
-	badHash  string          // a config rolled back by safe apply, not retried until it changes
-	ready    bool
-	failures int // consecutive failed syncs, for the retry backoff
+	cfg     *config.Config
+	desired netcfg.Desired
+	hash    string
+	rawSum  [sha256.Size]byte // of the config's bytes as last loaded
+	// loadGen is the file watch's generation before the last full read;
+	// quietRuns counts the resyncs since that kept it (quietBase).
+	loadGen   uint64
+	quietRuns int
+	lastGood  *netcfg.Desired // the last desired state applied without breaking a probe
+	badHash   string          // a config rolled back by safe apply, not retried until it changes
+	ready     bool
+	failures  int // consecutive failed syncs, for the retry backoff
 	// skipped is what the last sync left out (bad peer files), so each is
 	// logged once when it appears, not on every sync.
 	skipped map[string]bool
@@ -108,6 +114,9 @@ type Daemon struct {
 	// sync's plan and its apply, and after the apply.
 	beforeApply func(netcfg.Plans)
 	afterApply  func(netcfg.Plans, netcfg.Result)
+	// onLoad, when set (by tests), runs after each successful load: quiet
+	// when it kept the desired state (quietBase).
+	onLoad func(quiet bool)
 
 	// pia are the PIA providers by device; piaEv carries their calls'
 	// results back to the loop.
@@ -167,7 +176,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		}
 		d.host = h
 	}
-	if err := d.load(); err != nil {
+	if err := d.load(false); err != nil {
 		if o.Host == nil {
 			d.host.Close()
 		}
@@ -206,7 +215,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("file watch: %w", err)
 	}
 	d.files = fw
-	d.files.set(d.peerDirs(), d.log)
+	d.files.set(d.peerDirs(), d.keyFiles(), d.log)
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGHUP)
 	if d.o.TestHooks {
@@ -262,6 +271,15 @@ func (d *Daemon) peerDirs() []string {
 		}
 	}
 	return dirs
+}
+
+// keyFiles are the key files the desired devices were built from.
+func (d *Daemon) keyFiles() []string {
+	var out []string
+	for _, dev := range d.desired.WG.Devices {
+		out = append(out, dev.KeyFiles...)
+	}
+	return out
 }
 
 // Status implements apiserver.Backend. LabelsSynced is reported but counts

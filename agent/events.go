@@ -238,6 +238,25 @@ type fileWatch struct {
 	// took them (trigPeers).
 	mu      sync.Mutex
 	changed map[string]bool
+
+	// gen moves with every event in a watched directory, every watch
+	// error (a lost event), and every directory newly watched (its events
+	// before the watch are unknown). A resync keeps the desired state
+	// when gen is where it was before the last full read (see quietBase).
+	gen atomic.Uint64
+	// watched are the directories the watch holds.
+	watched atomic.Pointer[map[string]bool]
+}
+
+// covers reports whether every one of dirs is watched.
+func (fw *fileWatch) covers(dirs []string) bool {
+	w := *fw.watched.Load()
+	for _, d := range dirs {
+		if !w[d] {
+			return false
+		}
+	}
+	return true
 }
 
 // take returns the register files changed since the last take.
@@ -259,8 +278,9 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 		return nil, err
 	}
 	fw := &fileWatch{w: w, config: filepath.Clean(config)}
-	empty := map[string]bool{}
+	empty, none := map[string]bool{}, map[string]bool{}
 	fw.dirs.Store(&empty)
+	fw.watched.Store(&none)
 	go func() {
 		defer w.Close()
 		for {
@@ -271,6 +291,7 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 				if !ok {
 					return
 				}
+				fw.gen.Add(1)
 				if ev.Op == fsnotify.Chmod && filepath.Clean(ev.Name) != fw.config {
 					continue
 				}
@@ -293,6 +314,7 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 				if !ok {
 					return
 				}
+				fw.gen.Add(1)
 				log.Warn("file watch", "err", err)
 			}
 		}
@@ -300,9 +322,10 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 	return fw, nil
 }
 
-// set watches the config file's directory and dirs (missing ones are
-// watched through their parent, so creating one is noticed).
-func (fw *fileWatch) set(dirs []string, log *slog.Logger) {
+// set watches the config file's directory, dirs (missing ones are watched
+// through their parent, so creating one is noticed) and the directories
+// of keyFiles (whose events only move gen).
+func (fw *fileWatch) set(dirs, keyFiles []string, log *slog.Logger) {
 	want := map[string]bool{filepath.Dir(fw.config): true}
 	peerDirs := map[string]bool{}
 	for _, d := range dirs {
@@ -311,15 +334,28 @@ func (fw *fileWatch) set(dirs []string, log *slog.Logger) {
 		want[d] = true
 		want[filepath.Dir(d)] = true
 	}
+	for _, f := range keyFiles {
+		want[filepath.Dir(filepath.Clean(f))] = true
+	}
+	had := *fw.watched.Load()
 	for _, old := range fw.w.WatchList() {
 		if !want[old] {
 			fw.w.Remove(old)
 		}
 	}
+	watched := map[string]bool{}
 	for d := range want {
-		if err := fw.w.Add(d); err != nil && peerDirs[d] {
-			log.Debug("watch", "dir", d, "err", err)
+		if err := fw.w.Add(d); err != nil {
+			if peerDirs[d] {
+				log.Debug("watch", "dir", d, "err", err)
+			}
+			continue
+		}
+		watched[d] = true
+		if !had[d] {
+			fw.gen.Add(1)
 		}
 	}
+	fw.watched.Store(&watched)
 	fw.dirs.Store(&peerDirs)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,13 +19,24 @@ import (
 // replacing the running one only when all of it is valid. The reading
 // (config, registers, key files) runs off the loop with a deadline: a file
 // on a wedged filesystem must not stop convergence of what is loaded.
-func (d *Daemon) load() error {
-	r, err := d.read()
+//
+// A resync may keep the desired state without reading more than the
+// config itself (quietBase says when).
+func (d *Daemon) load(resync bool) error {
+	r, err := d.read(resync)
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256(r.raw)
-	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(sum[:8])
+	if d.onLoad != nil {
+		defer func() { d.onLoad(r.quiet) }()
+	}
+	if r.quiet {
+		d.quietRuns++
+		return nil
+	}
+	d.quietRuns = 0
+	d.loadGen, d.rawSum = r.gen, sha256.Sum256(r.raw)
+	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(d.rawSum[:8])
 	d.want.Store(interestOf(r.des))
 	d.setPIA(r.pia)
 	return nil
@@ -37,6 +49,50 @@ type loaded struct {
 	raw []byte
 	pia map[string]piaSetup
 	err error
+	// gen is the file watch's generation before the read began.
+	gen uint64
+	// quiet: the config read the same as before and nothing else was
+	// read; cfg and des are unset.
+	quiet bool
+}
+
+// fullEvery is how many resyncs in a row may keep the desired state
+// unread: every fullEvery-th reads everything again, for changes a
+// directory watch cannot see (a file written through a hard link
+// elsewhere, a network filesystem written from another host).
+const fullEvery = 10
+
+// quietBase reports whether a resync may keep the desired state as the
+// last full read left it, after reading just the config to see it is the
+// same: no event or watch error came from the watched directories since
+// before that read, and they hold every file it read (peer registers and
+// key files; the config, which may be a link to elsewhere, is compared).
+// With thousands of register files, this is most of what the idle daemon
+// would otherwise spend. PIA devices are read every time (their state
+// directory moves with each registration).
+func (d *Daemon) quietBase() bool {
+	if d.files == nil || d.cfg == nil || len(d.pia) > 0 || d.quietRuns >= fullEvery-1 || d.files.gen.Load() != d.loadGen {
+		return false
+	}
+	var dirs []string
+	for _, w := range d.cfg.WireGuard {
+		if w.PIA != nil {
+			return false
+		}
+		if w.PeersDir != "" {
+			dirs = append(dirs, filepath.Clean(w.PeersDir))
+		}
+	}
+	for _, dev := range d.desired.WG.Devices {
+		if dev.KeepPeers {
+			// The register could not be read; try again.
+			return false
+		}
+		for _, f := range dev.KeyFiles {
+			dirs = append(dirs, filepath.Dir(filepath.Clean(f)))
+		}
+	}
+	return d.files.covers(dirs)
 }
 
 // loadDeadline bounds how long the loop waits for the config, its
@@ -47,18 +103,29 @@ const loadDeadline = 10 * time.Second
 // loadDeadline. A read that overruns is not abandoned: the next read
 // waits for it rather than start another, and whatever it returns then is
 // followed by a fresh read, since the files may have changed meanwhile.
-func (d *Daemon) read() (loaded, error) {
+func (d *Daemon) read(resync bool) (loaded, error) {
 	stale := d.reading != nil
 	if !stale {
 		ch := make(chan loaded, 1)
 		o, h, timers := d.o.Options, d.host, d.o.PIATimers
+		var gen uint64
+		if d.files != nil {
+			gen = d.files.gen.Load()
+		}
+		quiet, sum := resync && d.quietBase(), d.rawSum
 		go func() {
+			if quiet {
+				if raw, err := config.ReadRaw(o.Config); err == nil && sha256.Sum256(raw) == sum {
+					ch <- loaded{quiet: true}
+					return
+				}
+			}
 			c, des, raw, err := load(o)
 			var setups map[string]piaSetup
 			if err == nil {
 				setups = readPIA(c, o, h, timers)
 			}
-			ch <- loaded{c, des, raw, setups, err}
+			ch <- loaded{cfg: c, des: des, raw: raw, pia: setups, err: err, gen: gen}
 		}()
 		d.reading = ch
 	}
@@ -101,7 +168,7 @@ func (d *Daemon) reload(why trigger) {
 		}()
 	}
 	old := d.hash
-	err := d.load()
+	err := d.load(why == trigResync)
 	if why != trigResync {
 		// An operator's reload retries what waits for its backoff (the
 		// credentials may be fixed now).
@@ -131,7 +198,7 @@ func (d *Daemon) reload(why trigger) {
 			d.labeler.SetConfig(kc)
 		}
 		if d.files != nil {
-			d.files.set(d.peerDirs(), d.log)
+			d.files.set(d.peerDirs(), d.keyFiles(), d.log)
 		}
 	}
 }

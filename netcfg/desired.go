@@ -299,6 +299,9 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 			dev.Addrs = append(dev.Addrs, p)
 		}
 	}
+	if w.PrivateKeyFile != "" {
+		dev.KeyFiles = append(dev.KeyFiles, w.PrivateKeyFile)
+	}
 	if w.PrivateKeyFile == "" && w.PIA != nil {
 		// The PIA provider supplies the key it keeps, and the peer.
 		dev.Broken = "no private key yet (the PIA provider keeps it under the state directory)"
@@ -326,6 +329,9 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 		if rp.File == "" {
 			where = fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, static)
 			static++
+		}
+		if rp.Peer.PresharedKeyFile != "" {
+			dev.KeyFiles = append(dev.KeyFiles, rp.Peer.PresharedKeyFile)
 		}
 		p, err := wgPeerFromConfig(rp)
 		if err != nil {

@@ -60,6 +60,11 @@ func ReadWith(path string, opts Options) (*Config, []byte, error) {
 	return c, data, err
 }
 
+// ReadRaw reads the config's bytes as ReadWith does, without parsing them.
+func ReadRaw(path string) ([]byte, error) {
+	return fsafe.ReadFile(path, configRules)
+}
+
 // Parse decodes, defaults and validates one YAML config. file names it in
 // errors and is stored in Config.File; it is used as given, not shortened.
 //

@@ -97,6 +97,9 @@ type Device struct {
 	// ("peers.d/bob.yaml:3: allowedIPs[0]: ..."); the device and its other
 	// peers are converged.
 	Skipped []string
+	// KeyFiles are the key files the device was built from (its private
+	// key, its peers' preshared keys), so the daemon can watch them.
+	KeyFiles []string
 }
 
 // Peer is one desired peer.

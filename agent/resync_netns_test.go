@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodeagent/nodeagent/testenv"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// TestQuietResync: a resync with nothing changed in the watched
+// directories reads only the config and keeps the desired state; a
+// change the watch sees (a preshared key file rewritten in place, which
+// wakes no sync of its own) is read by the next resync, and so is a
+// config reached through a link whose target changed (the config is
+// always compared); a change no watch can see (a register file written
+// through a hard link from an unwatched directory) is read by the
+// fullEvery-th resync at the latest.
+func TestQuietResync(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	dir, real, outside := t.TempDir(), t.TempDir(), t.TempDir()
+	k, _ := wgtypes.GeneratePrivateKey()
+	key := filepath.Join(dir, "wg.key")
+	os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
+	keys := filepath.Join(dir, "keys")
+	os.Mkdir(keys, 0o700)
+	psk := filepath.Join(keys, "b.psk")
+	psk1, _ := wgtypes.GenerateKey()
+	os.WriteFile(psk, []byte(psk1.String()+"\n"), 0o600)
+	reg := filepath.Join(dir, "peers.d")
+	os.Mkdir(reg, 0o755)
+	ka, _ := wgtypes.GeneratePrivateKey()
+	kb, _ := wgtypes.GeneratePrivateKey()
+	a, b := ka.PublicKey(), kb.PublicKey()
+	// a.yaml is a hard link to a file in a directory nobody watches.
+	linked := filepath.Join(outside, "a.yaml")
+	os.WriteFile(linked, []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.92.0.10/32]\n", a)), 0o644)
+	if err := os.Link(linked, filepath.Join(reg, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(reg, "b.yaml"), []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.92.0.11/32]\npresharedKeyFile: %s\n", b, psk)), 0o644)
+	dev := uniqueName("wgq")
+	body := func(port int) []byte {
+		return []byte(fmt.Sprintf("wireguard:\n  - name: %s\n    privateKeyFile: %s\n    listenPort: %d\n    addresses: [10.92.0.1/24]\n    peersDir: %s\n", dev, key, port, reg))
+	}
+	// The config is a link to a file elsewhere, as a ConfigMap mount makes it.
+	target := filepath.Join(real, "nodeagent.yaml")
+	os.WriteFile(target, body(51820), 0o600)
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	os.Symlink(target, cfg)
+
+	type load struct {
+		quiet   bool
+		allowed string // peer a's allowed IPs in the desired state
+		psk     wgtypes.Key
+		port    int
+	}
+	var mu sync.Mutex
+	var loads []load
+	launch(t, ns, cfg, func(o *RunOptions) { o.Resync = 300 * time.Millisecond }, func(d *Daemon) {
+		d.onLoad = func(quiet bool) {
+			l := load{quiet: quiet}
+			for _, wd := range d.desired.WG.Devices {
+				l.port = wd.ListenPort
+				for _, p := range wd.Peers {
+					switch p.PublicKey {
+					case a:
+						l.allowed = fmt.Sprint(p.AllowedIPs)
+					case b:
+						l.psk = wgtypes.Key(p.PresharedKey)
+					}
+				}
+			}
+			mu.Lock()
+			loads = append(loads, l)
+			mu.Unlock()
+		}
+	})
+	since := func(i int) []load {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]load(nil), loads[min(i, len(loads)):]...)
+	}
+	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(loads) }
+	// first is the index in ls of the first load for which ok holds.
+	first := func(ls []load, ok func(load) bool) int {
+		for i, l := range ls {
+			if ok(l) {
+				return i
+			}
+		}
+		return -1
+	}
+
+	waitFor(t, "two quiet resyncs in a row", 20*time.Second, func() bool {
+		ls := since(0)
+		n := len(ls)
+		return n >= 2 && ls[n-1].quiet && ls[n-2].quiet
+	})
+
+	// No watch sees this: the quiet resyncs keep the old allowed IPs, and
+	// a full one (within fullEvery resyncs) takes the new.
+	m := mark()
+	os.WriteFile(linked, []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.92.1.10/32]\n", a)), 0o644)
+	waitFor(t, "the kernel to have the hard-linked file's change", 20*time.Second, func() bool {
+		return strings.Contains(ns.Exec(t, "wg", "show", dev, "allowed-ips"), a.String()+"\t10.92.1.10/32")
+	})
+	ls := since(m)
+	at := first(ls, func(l load) bool { return l.allowed == "[10.92.1.10/32]" })
+	if at < 0 || ls[at].quiet {
+		t.Fatalf("the change was taken by no full load: %+v", ls)
+	}
+	if at == 0 || !ls[0].quiet || at > fullEvery {
+		t.Errorf("want quiet resyncs keeping the old allowed IPs, then a full one within %d; loads since the change: %+v", fullEvery, ls)
+	}
+
+	// The psk file's directory is watched: its change is read by the next
+	// resync (or the one after, if one began as the file was written).
+	m = mark()
+	psk2, _ := wgtypes.GenerateKey()
+	os.WriteFile(psk, []byte(psk2.String()+"\n"), 0o600)
+	waitFor(t, "the kernel to have the new preshared key", 20*time.Second, func() bool {
+		return strings.Contains(ns.Exec(t, "wg", "show", dev, "preshared-keys"), b.String()+"\t"+psk2.String())
+	})
+	ls = since(m)
+	if at := first(ls, func(l load) bool { return l.psk == psk2 }); at < 0 || at > 1 || ls[at].quiet {
+		t.Errorf("the preshared key file's change: want it read by a full load at the first or second resync; loads since: %d, taken at %d", len(ls), at)
+	}
+
+	// The link's target changed: no event in the config's directory, but
+	// the config read by the next resync differs.
+	m = mark()
+	os.WriteFile(target, body(51821), 0o600)
+	waitFor(t, "the kernel to listen on the new port", 20*time.Second, func() bool {
+		return strings.Contains(ns.Exec(t, "wg", "show", dev, "listen-port"), "51821")
+	})
+	ls = since(m)
+	if at := first(ls, func(l load) bool { return l.port == 51821 }); at < 0 || at > 1 || ls[at].quiet {
+		t.Errorf("the config's target changed: want it read by a full load at the first or second resync; loads since: %d, taken at %d", len(ls), at)
+	}
+}
