@@ -48,16 +48,17 @@ func TestLinkNameCache(t *testing.T) {
 }
 
 // TestPollInterval: the WireGuard poll keeps its interval while reading
-// digests is cheap, and stretches so that it takes at most 1/200 of a
-// core, never past 10 s.
+// digests is cheap, and stretches so that it takes at most 1/500 of a
+// core, never past 30 s (the default resync).
 func TestPollInterval(t *testing.T) {
 	for _, c := range []struct{ base, cost, want time.Duration }{
 		{500 * time.Millisecond, 50 * time.Microsecond, 500 * time.Millisecond},
-		{500 * time.Millisecond, 2500 * time.Microsecond, 500 * time.Millisecond},
-		{500 * time.Millisecond, 10 * time.Millisecond, 2 * time.Second},
-		{500 * time.Millisecond, 35 * time.Millisecond, 7 * time.Second},
-		{500 * time.Millisecond, 300 * time.Millisecond, 10 * time.Second},
-		{20 * time.Second, 300 * time.Millisecond, 20 * time.Second},
+		{500 * time.Millisecond, 1 * time.Millisecond, 500 * time.Millisecond},
+		{500 * time.Millisecond, 4 * time.Millisecond, 2 * time.Second},
+		{500 * time.Millisecond, 15 * time.Millisecond, 7500 * time.Millisecond},
+		{500 * time.Millisecond, 35 * time.Millisecond, 17500 * time.Millisecond},
+		{500 * time.Millisecond, 300 * time.Millisecond, 30 * time.Second},
+		{time.Minute, 300 * time.Millisecond, time.Minute},
 	} {
 		if got := pollInterval(c.base, c.cost); got != c.want {
 			t.Errorf("pollInterval(%v, %v) = %v; want %v", c.base, c.cost, got, c.want)

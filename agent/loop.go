@@ -98,6 +98,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	defer resync.Stop()
 	wgPoll := time.NewTicker(d.o.WGPoll)
 	defer wgPoll.Stop()
+	pollEvery := d.o.WGPoll
 	var watchdog <-chan time.Time
 	if iv := d.notify.WatchdogInterval(); iv > 0 {
 		t := time.NewTicker(iv / 2)
@@ -153,6 +154,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		case <-wgPoll.C:
 			provider, drift, every := d.pollWG(ctx)
 			if every > 0 {
+				pollEvery = every
 				wgPoll.Reset(every)
 			}
 			switch {
@@ -190,6 +192,11 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				d.log.Warn("sync failed; retrying", "in", backoff, "err", err)
 			} else {
 				d.failures = 0
+				if why != trigPeers {
+					// The sync just read every device: the next poll is
+					// one interval from now.
+					wgPoll.Reset(pollEvery)
+				}
 			}
 		}
 	}
@@ -229,10 +236,11 @@ func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.D
 // nothing changes (1/pollBudget), and maxPoll the longest interval it
 // stretches to: a kernel device's digest costs a dump of every peer, so
 // with many thousands of peers on a slow machine the poll backs off rather
-// than keep a core busy; a `wg set` by hand is then seen within maxPoll.
+// than keep a core busy; a `wg set` by hand is then seen within maxPoll,
+// the default resync period, whose sync reads every device too.
 const (
-	pollBudget = 200
-	maxPoll    = 10 * time.Second
+	pollBudget = 500
+	maxPoll    = DefaultResync
 )
 
 // pollInterval is the WireGuard poll's next interval after a poll that
