@@ -12,14 +12,14 @@ import (
 func wireGuardDevices(states []wg.DeviceState) []api.WireGuardDevice {
 	out := []api.WireGuardDevice{}
 	for _, s := range states {
-		d := api.WireGuardDevice{Name: s.Name, Implementation: s.Impl, ListenPort: s.ListenPort, Peers: []api.WireGuardPeer{}, Problems: s.Problems}
+		d := api.WireGuardDevice{Name: s.Name, Implementation: s.Impl, ListenPort: s.ListenPort, Peers: make([]api.WireGuardPeer, 0, len(s.Peers)), Problems: s.Problems}
 		if s.Impl != "" {
 			d.PublicKey = s.PublicKey.String()
 		}
 		for _, p := range s.Peers {
 			ps := api.WireGuardPeer{
 				PublicKey: p.PublicKey.String(), Name: p.Name, RxBytes: p.RxBytes, TxBytes: p.TxBytes,
-				HandshakeAgeSeconds: -1, AllowedIPs: []string{}, Live: p.Live(s.Time),
+				HandshakeAgeSeconds: -1, AllowedIPs: make([]string, 0, len(p.AllowedIPs)), Live: p.Live(s.Time),
 			}
 			if p.Endpoint.IsValid() {
 				ps.Endpoint = p.Endpoint.String()

@@ -58,7 +58,7 @@ func (d DeviceState) LivePeers() int {
 
 type keyedPeer struct {
 	key string
-	p   PeerState
+	k   wgtypes.Key
 }
 
 // States summarises the desired devices of p as observed, with the
@@ -74,20 +74,21 @@ func States(p Plan) []DeviceState {
 		if od, ok := p.Observed.Devices[d.Name]; ok && od.Impl != "" {
 			ds.Impl, ds.PublicKey, ds.ListenPort = od.Impl, od.PublicKey, od.ListenPort
 			// Listed by the key as wg(8) prints it, each encoded once (not
-			// twice per comparison).
+			// twice per comparison), and sorted as small pairs.
 			byKey := make([]keyedPeer, 0, len(od.Peers))
-			for _, op := range od.Peers {
-				byKey = append(byKey, keyedPeer{op.PublicKey.String(), PeerState{
-					PublicKey: op.PublicKey, Name: names[op.PublicKey], Endpoint: op.Endpoint,
-					LastHandshake: op.LastHandshake, RxBytes: op.RxBytes, TxBytes: op.TxBytes,
-					AllowedIPs: op.AllowedIPs,
-				}})
+			for k := range od.Peers {
+				byKey = append(byKey, keyedPeer{k.String(), k})
 			}
 			slices.SortFunc(byKey, func(a, b keyedPeer) int { return strings.Compare(a.key, b.key) })
 			if len(byKey) > 0 {
 				ds.Peers = make([]PeerState, len(byKey))
 				for i, kp := range byKey {
-					ds.Peers[i] = kp.p
+					op := od.Peers[kp.k]
+					ds.Peers[i] = PeerState{
+						PublicKey: op.PublicKey, Name: names[op.PublicKey], Endpoint: op.Endpoint,
+						LastHandshake: op.LastHandshake, RxBytes: op.RxBytes, TxBytes: op.TxBytes,
+						AllowedIPs: op.AllowedIPs,
+					}
 				}
 			}
 		}
