@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -217,7 +218,17 @@ func runInterruptible(work func(context.Context) error, daemon bool, stderr io.W
 	}
 }
 
+// daemonGCPercent is the daemon's garbage collector target unless GOGC
+// says otherwise: it allocates little once converged, so a heap that
+// grows to half again its live size rather than double keeps its memory
+// down (5000 peers: about 25 MiB of heap rather than 34) for a collection
+// or so a minute more.
+const daemonGCPercent = 50
+
 func runDaemon(ctx context.Context, log *slog.Logger, o agent.RunOptions) error {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(daemonGCPercent)
+	}
 	o.Log = log
 	d, err := agent.NewDaemon(o)
 	if err != nil {
