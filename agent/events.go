@@ -244,15 +244,14 @@ type fileWatch struct {
 	// before the watch are unknown). A resync keeps the desired state
 	// when gen is where it was before the last full read (see quietBase).
 	gen atomic.Uint64
-	// watched are the directories the watch holds.
-	watched atomic.Pointer[map[string]bool]
 }
 
-// covers reports whether every one of dirs is watched.
+// covers reports whether every one of dirs is watched now (the watch
+// drops a directory deleted or unmounted under it, without an event).
 func (fw *fileWatch) covers(dirs []string) bool {
-	w := *fw.watched.Load()
+	held := fw.w.WatchList()
 	for _, d := range dirs {
-		if !w[d] {
+		if !slices.Contains(held, d) {
 			return false
 		}
 	}
@@ -278,9 +277,8 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 		return nil, err
 	}
 	fw := &fileWatch{w: w, config: filepath.Clean(config)}
-	empty, none := map[string]bool{}, map[string]bool{}
+	empty := map[string]bool{}
 	fw.dirs.Store(&empty)
-	fw.watched.Store(&none)
 	go func() {
 		defer w.Close()
 		for {
@@ -337,13 +335,15 @@ func (fw *fileWatch) set(dirs, keyFiles []string, log *slog.Logger) {
 	for _, f := range keyFiles {
 		want[filepath.Dir(filepath.Clean(f))] = true
 	}
-	had := *fw.watched.Load()
+	// What the watch holds now: a directory deleted since was dropped
+	// from it, and one recreated is new again.
+	had := map[string]bool{}
 	for _, old := range fw.w.WatchList() {
+		had[old] = true
 		if !want[old] {
 			fw.w.Remove(old)
 		}
 	}
-	watched := map[string]bool{}
 	for d := range want {
 		if err := fw.w.Add(d); err != nil {
 			if peerDirs[d] {
@@ -351,11 +351,9 @@ func (fw *fileWatch) set(dirs, keyFiles []string, log *slog.Logger) {
 			}
 			continue
 		}
-		watched[d] = true
 		if !had[d] {
 			fw.gen.Add(1)
 		}
 	}
-	fw.watched.Store(&watched)
 	fw.dirs.Store(&peerDirs)
 }

@@ -84,8 +84,9 @@ func (d *Daemon) quietBase() bool {
 		}
 	}
 	for _, dev := range d.desired.WG.Devices {
-		if dev.KeepPeers {
-			// The register could not be read; try again.
+		if dev.KeepPeers || len(dev.Skipped) > 0 {
+			// The register could not be read, or an entry was refused
+			// (perhaps for a key file it names elsewhere): try again.
 			return false
 		}
 		for _, f := range dev.KeyFiles {
