@@ -94,8 +94,9 @@ type Daemon struct {
 	// quietRuns counts the resyncs since that kept it (quietBase).
 	loadGen   uint64
 	quietRuns int
-	lastGood  *netcfg.Desired // the last desired state applied without breaking a probe
-	badHash   string          // a config rolled back by safe apply, not retried until it changes
+	dirIDs    map[string]dirID // what the last full read's directories were
+	lastGood  *netcfg.Desired  // the last desired state applied without breaking a probe
+	badHash   string           // a config rolled back by safe apply, not retried until it changes
 	ready     bool
 	failures  int // consecutive failed syncs, for the retry backoff
 	// skipped is what the last sync left out (bad peer files), so each is

@@ -247,7 +247,8 @@ type fileWatch struct {
 }
 
 // covers reports whether every one of dirs is watched now (the watch
-// drops a directory deleted or unmounted under it, without an event).
+// drops a directory deleted under it, and one unmounted without an
+// event).
 func (fw *fileWatch) covers(dirs []string) bool {
 	held := fw.w.WatchList()
 	for _, d := range dirs {

@@ -5,9 +5,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/kube"
@@ -35,7 +39,7 @@ func (d *Daemon) load(resync bool) error {
 		return nil
 	}
 	d.quietRuns = 0
-	d.loadGen, d.rawSum = r.gen, sha256.Sum256(r.raw)
+	d.loadGen, d.rawSum, d.dirIDs = r.gen, sha256.Sum256(r.raw), r.dirs
 	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(d.rawSum[:8])
 	d.want.Store(interestOf(r.des))
 	d.setPIA(r.pia)
@@ -49,51 +53,82 @@ type loaded struct {
 	raw []byte
 	pia map[string]piaSetup
 	err error
-	// gen is the file watch's generation before the read began.
-	gen uint64
+	// gen is the file watch's generation before the read began, and dirs
+	// what the directories it read from were just after.
+	gen  uint64
+	dirs map[string]dirID
 	// quiet: the config read the same as before and nothing else was
 	// read; cfg and des are unset.
 	quiet bool
 }
 
-// fullEvery is how many resyncs in a row may keep the desired state
-// unread: every fullEvery-th reads everything again, for changes a
-// directory watch cannot see (a file written through a hard link
-// elsewhere, a network filesystem written from another host).
+// fullEvery: every fullEvery-th resync in a row reads everything again
+// (the nine before it may keep the desired state), for changes a
+// directory watch cannot see: a file written through a hard link from
+// elsewhere, or a register file that is a link into a subdirectory of its
+// peersDir and changed there, or a network filesystem written from
+// another host.
 const fullEvery = 10
 
 // quietBase reports whether a resync may keep the desired state as the
 // last full read left it, after reading just the config to see it is the
-// same: no event or watch error came from the watched directories since
-// before that read, and they hold every file it read (peer registers and
-// key files; the config, which may be a link to elsewhere, is compared).
-// With thousands of register files, this is most of what the idle daemon
-// would otherwise spend. PIA devices are read every time (their state
-// directory moves with each registration).
+// same: the last sync did not fail, no event or watch error came from the
+// watched directories since before that read, and they hold every
+// directory it read from (peer registers and key files; the config, which
+// may be a link to elsewhere, is compared). The read checks those
+// directories are still the ones it read (dirIDs). With thousands of
+// register files, this is most of what the idle daemon would otherwise
+// spend. PIA devices are read every time (their state directory moves
+// with each registration).
 func (d *Daemon) quietBase() bool {
-	if d.files == nil || d.cfg == nil || len(d.pia) > 0 || d.quietRuns >= fullEvery-1 || d.files.gen.Load() != d.loadGen {
+	if d.files == nil || d.cfg == nil || len(d.pia) > 0 || d.failures > 0 || d.quietRuns >= fullEvery-1 || d.files.gen.Load() != d.loadGen {
 		return false
 	}
-	var dirs []string
-	for _, w := range d.cfg.WireGuard {
+	dirs, ok := inputDirs(d.cfg, d.desired)
+	return ok && d.files.covers(dirs)
+}
+
+// inputDirs are the directories a full read of c took files from, besides
+// the config's own: the peer registers and those of the key files. ok is
+// false when something calls for a full read whatever the watch says: a
+// PIA device, a register that could not be read, a refused entry (perhaps
+// for a key file it names elsewhere), a device whose key is unreadable.
+func inputDirs(c *config.Config, des netcfg.Desired) (dirs []string, ok bool) {
+	for _, w := range c.WireGuard {
 		if w.PIA != nil {
-			return false
+			return nil, false
 		}
 		if w.PeersDir != "" {
 			dirs = append(dirs, filepath.Clean(w.PeersDir))
 		}
 	}
-	for _, dev := range d.desired.WG.Devices {
-		if dev.KeepPeers || len(dev.Skipped) > 0 {
-			// The register could not be read, or an entry was refused
-			// (perhaps for a key file it names elsewhere): try again.
-			return false
+	for _, dev := range des.WG.Devices {
+		if dev.KeepPeers || len(dev.Skipped) > 0 || dev.Broken != "" {
+			return nil, false
 		}
 		for _, f := range dev.KeyFiles {
 			dirs = append(dirs, filepath.Dir(filepath.Clean(f)))
 		}
 	}
-	return d.files.covers(dirs)
+	return dirs, true
+}
+
+// dirID is what a directory's path leads to: another filesystem mounted
+// over it, or a link on its path pointed elsewhere, moves it without an
+// event in the directory itself.
+type dirID struct{ dev, ino uint64 }
+
+// dirIDs stats each of dirs (following links, as the reads do); one that
+// cannot be stat'ed is left out, and so differs from one that can.
+func dirIDs(dirs []string) map[string]dirID {
+	out := make(map[string]dirID, len(dirs))
+	for _, d := range dirs {
+		var st unix.Stat_t
+		if unix.Stat(d, &st) == nil {
+			out[d] = dirID{st.Dev, st.Ino}
+		}
+	}
+	return out
 }
 
 // loadDeadline bounds how long the loop waits for the config, its
@@ -113,20 +148,24 @@ func (d *Daemon) read(resync bool) (loaded, error) {
 		if d.files != nil {
 			gen = d.files.gen.Load()
 		}
-		quiet, sum := resync && d.quietBase(), d.rawSum
+		quiet, sum, ids := resync && d.quietBase(), d.rawSum, d.dirIDs
 		go func() {
 			if quiet {
-				if raw, err := config.ReadRaw(o.Config); err == nil && sha256.Sum256(raw) == sum {
+				if raw, err := config.ReadRaw(o.Config); err == nil && sha256.Sum256(raw) == sum && maps.Equal(dirIDs(slices.Collect(maps.Keys(ids))), ids) {
 					ch <- loaded{quiet: true}
 					return
 				}
 			}
 			c, des, raw, err := load(o)
 			var setups map[string]piaSetup
+			var now map[string]dirID
 			if err == nil {
 				setups = readPIA(c, o, h, timers)
+				if dirs, ok := inputDirs(c, des); ok {
+					now = dirIDs(dirs)
+				}
 			}
-			ch <- loaded{cfg: c, des: des, raw: raw, pia: setups, err: err, gen: gen}
+			ch <- loaded{cfg: c, des: des, raw: raw, pia: setups, err: err, gen: gen, dirs: now}
 		}()
 		d.reading = ch
 	}

@@ -185,6 +185,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			if why == trigPeers {
 				sync = d.syncPeers
 			}
+			began := time.Now()
 			if err := sync(ctx, why); err != nil {
 				d.failures++
 				backoff := min(time.Second<<min(d.failures-1, 5), maxBackoff)
@@ -193,9 +194,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			} else {
 				d.failures = 0
 				if why != trigPeers {
-					// The sync just read every device: the next poll is
-					// one interval from now.
-					wgPoll.Reset(pollEvery)
+					// The sync read every device: the next poll is one
+					// interval after it began.
+					wgPoll.Reset(max(pollEvery-time.Since(began), time.Millisecond))
 				}
 			}
 		}

@@ -18,7 +18,8 @@ import (
 // change the watch sees (a preshared key file rewritten in place, which
 // wakes no sync of its own) is read by the next resync, and so is a
 // config reached through a link whose target changed (the config is
-// always compared); a change no watch can see (a register file written
+// always compared), and a key file whose directory's link was pointed
+// elsewhere (the directories read are stat'ed again); a change no watch can see (a register file written
 // through a hard link from an unwatched directory) is read by the
 // fullEvery-th resync at the latest. A register directory replaced by a
 // new one is read whole by the resync after the reload its events bring
@@ -26,9 +27,19 @@ import (
 func TestQuietResync(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	dir, real, outside := t.TempDir(), t.TempDir(), t.TempDir()
+	// The private key is reached through a link to a directory, in a
+	// directory nobody watches: pointing the link elsewhere raises no
+	// event in a watched directory.
 	k, _ := wgtypes.GeneratePrivateKey()
-	key := filepath.Join(dir, "wg.key")
-	os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
+	k2, _ := wgtypes.GeneratePrivateKey()
+	unwatched := t.TempDir()
+	for i, kk := range []wgtypes.Key{k, k2} {
+		kd := filepath.Join(unwatched, fmt.Sprint("k", i))
+		os.Mkdir(kd, 0o700)
+		os.WriteFile(filepath.Join(kd, "wg.key"), []byte(kk.String()+"\n"), 0o600)
+	}
+	os.Symlink("k0", filepath.Join(unwatched, "cur"))
+	key := filepath.Join(unwatched, "cur", "wg.key")
 	keys := filepath.Join(dir, "keys")
 	os.Mkdir(keys, 0o700)
 	psk := filepath.Join(keys, "b.psk")
@@ -61,6 +72,7 @@ func TestQuietResync(t *testing.T) {
 		allowed string // peer a's allowed IPs in the desired state
 		psk     wgtypes.Key
 		port    int
+		priv    wgtypes.Key
 	}
 	var mu sync.Mutex
 	var loads []load
@@ -76,7 +88,7 @@ func TestQuietResync(t *testing.T) {
 		d.onLoad = func(quiet bool) {
 			l := load{quiet: quiet}
 			for _, wd := range d.desired.WG.Devices {
-				l.port = wd.ListenPort
+				l.port, l.priv = wd.ListenPort, wgtypes.Key(wd.PrivateKey)
 				for _, p := range wd.Peers {
 					switch p.PublicKey {
 					case a:
@@ -161,6 +173,20 @@ func TestQuietResync(t *testing.T) {
 	ls = since(m)
 	if at := first(ls, func(l load) bool { return l.allowed == "" }); at < 0 || ls[at].quiet || at+1 >= len(ls) || ls[at+1].quiet {
 		t.Errorf("the register directory replaced: want a full load of it and a full resync after; loads since: %s", brief(ls))
+	}
+
+	// The key directory's link pointed elsewhere: no event, but the
+	// directory the path leads to is not the one read, so the next resync
+	// reads everything.
+	m = mark()
+	os.Symlink("k1", filepath.Join(unwatched, "cur.new"))
+	os.Rename(filepath.Join(unwatched, "cur.new"), filepath.Join(unwatched, "cur"))
+	waitFor(t, "the kernel to have the other private key", 20*time.Second, func() bool {
+		return strings.Contains(ns.Exec(t, "wg", "show", dev, "public-key"), k2.PublicKey().String())
+	})
+	ls = since(m)
+	if at := first(ls, func(l load) bool { return l.priv == k2 }); at < 0 || at > 1 || ls[at].quiet {
+		t.Errorf("the key directory's link pointed elsewhere: want a full load at the first or second resync; loads since: %s", brief(ls))
 	}
 
 	// The link's target changed: no event in the config's directory, but
