@@ -14,6 +14,8 @@ LOGDIR  := .cache/test
 # test and the PIA kill -9/restart test (a kernel device must keep its
 # ifindex and session) run there too (VM_CMD_TESTS), by themselves: the other
 # CLI tests read the source tree.
+# Each package's tests get 20 minutes in the VM: under TCG the agent's take
+# about ten (every drift repair, PIA and safe-apply test with a real daemon).
 VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
 VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
@@ -31,7 +33,7 @@ test: deps
 	@mkdir -p $(LOGDIR); status=0; \
 	$(GO) run ./testenv/cmd/kubeapiserver || status=1; \
 	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
-	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
+	$(VMTEST) -timeout 20m $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
 	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
 	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \
 	exit $$status
@@ -57,7 +59,7 @@ test-unit:
 
 test-vm:
 	@mkdir -p $(LOGDIR); status=0; \
-	$(VMTEST) $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
+	$(VMTEST) -timeout 20m $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
 	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
 	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \
 	exit $$status
