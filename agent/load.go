@@ -81,7 +81,7 @@ const fullEvery = 10
 // spend. PIA devices are read every time (their state directory moves
 // with each registration).
 func (d *Daemon) quietBase() bool {
-	if d.files == nil || d.cfg == nil || len(d.pia) > 0 || d.failures > 0 || d.quietRuns >= fullEvery-1 || d.files.gen.Load() != d.loadGen {
+	if d.files == nil || d.cfg == nil || d.failures > 0 || d.quietRuns >= fullEvery-1 || d.files.gen.Load() != d.loadGen {
 		return false
 	}
 	dirs, ok := inputDirs(d.cfg, d.desired)
