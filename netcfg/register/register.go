@@ -198,6 +198,22 @@ func idOf(st unix.Stat_t, opts config.Options) fileID {
 
 // Load is Load with the cache.
 func (c *Cache) Load(dir string, opts config.Options) Contents {
+	return c.LoadStream(dir, opts, nil)
+}
+
+// chunk is how many files a reading worker takes at a time: the workers
+// report a chunk done, and the claims advance over every done chunk that
+// has none still being read before it.
+const chunk = 16
+
+// LoadStream is Load that also hands the peers it keeps to emit as soon as
+// they are final, in name order: a peer's fate depends only on the files
+// before it by name (the first file to claim a key or a prefix keeps it),
+// so once every file before it is read and claimed it cannot change. The
+// peers emit is given, in the order given, are exactly Contents.Peers.
+// emit runs on the caller's goroutine while later files are still being
+// read; nil emits nothing.
+func (c *Cache) LoadStream(dir string, opts config.Options, emit func([]Peer)) Contents {
 	d, err := fsafe.OpenDir(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -211,8 +227,9 @@ func (c *Cache) Load(dir string, opts config.Options) Contents {
 		return Contents{Unreadable: true, Errors: []error{config.ErrorList{{File: dir, Msg: "cannot read the directory: " + cause(err)}}}}
 	}
 	// Files are read and parsed in parallel (a register of thousands of
-	// peers is mostly open, read and YAML parsing), then claimed in name
-	// order, so which of two clashing files wins does not depend on timing.
+	// peers is mostly open, read and YAML parsing), and claimed in name
+	// order as the reading advances, so which of two clashing files wins
+	// does not depend on timing.
 	type loaded struct {
 		p      Peer
 		errs   config.ErrorList
@@ -229,41 +246,47 @@ func (c *Cache) Load(dir string, opts config.Options) Contents {
 		formats = append(formats, format)
 	}
 	out := make([]loaded, len(files))
+	chunks := (len(files) + chunk - 1) / chunk
+	done := make(chan int, chunks)
 	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(files)) {
-		wg.Add(1)
+	workers := runtime.GOMAXPROCS(0)
+	if emit != nil && workers > 1 {
+		// A CPU is left to whatever takes the peers as they come (the
+		// kernel, taking them into a staging device).
+		workers--
+	}
+	for range min(workers, chunks) {
 		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
-				// The identity is of what the name leads to now; a hit
-				// is a file that was opened, checked and parsed before.
-				// A file the cache does not know is not stat'ed first:
-				// the read's own fstat gives its identity.
-				if hit, found := c.get(files[i]); found && !hit.racy {
-					if st, serr := d.Stat(names[i]); serr == nil && hit.id == idOf(st, opts) {
-						out[i] = loaded{hit.p, hit.errs, hit.ignore}
-						continue
+			for ci := int(next.Add(1) - 1); ci < chunks; ci = int(next.Add(1) - 1) {
+				for i := ci * chunk; i < min((ci+1)*chunk, len(files)); i++ {
+					// The identity is of what the name leads to now; a hit
+					// is a file that was opened, checked and parsed before.
+					// A file the cache does not know is not stat'ed first:
+					// the read's own fstat gives its identity.
+					if hit, found := c.get(files[i]); found && !hit.racy {
+						if st, serr := d.Stat(names[i]); serr == nil && hit.id == idOf(st, opts) {
+							out[i] = loaded{hit.p, hit.errs, hit.ignore}
+							continue
+						}
+					}
+					p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
+					out[i] = loaded{p, errs, ignore}
+					if ok {
+						id := idOf(st, opts)
+						racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
+						c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
 					}
 				}
-				p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
-				out[i] = loaded{p, errs, ignore}
-				if ok {
-					id := idOf(st, opts)
-					racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
-					c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
-				}
+				done <- ci
 			}
 		}()
 	}
-	wg.Wait()
-	c.keepOnly(dir, files)
 	var reg Contents
 	taken := newClaims()
 	lines, dropped, droppedFiles := 0, 0, 0
-	for _, l := range out {
+	claim := func(l loaded) {
 		if l.ignore {
-			continue
+			return
 		}
 		errs := l.errs
 		if len(errs) == 0 {
@@ -271,18 +294,35 @@ func (c *Cache) Load(dir string, opts config.Options) Contents {
 		}
 		if len(errs) == 0 {
 			reg.Peers = append(reg.Peers, l.p)
-			continue
+			return
 		}
 		// Bounded per load as well as per file: a directory of thousands
 		// of broken files is reported by its first ones and a count.
 		if lines+len(errs) > MaxRegisterErrors {
 			dropped += len(errs)
 			droppedFiles++
-			continue
+			return
 		}
 		lines += len(errs)
 		reg.Errors = append(reg.Errors, errs.Sorted())
 	}
+	// ready[ci]: chunk ci is read; claimed is how many chunks, from the
+	// first, have been claimed.
+	ready := make([]bool, chunks)
+	claimed := 0
+	for range chunks {
+		ready[<-done] = true
+		from := len(reg.Peers)
+		for ; claimed < chunks && ready[claimed]; claimed++ {
+			for i := claimed * chunk; i < min((claimed+1)*chunk, len(files)); i++ {
+				claim(out[i])
+			}
+		}
+		if emit != nil && len(reg.Peers) > from {
+			emit(reg.Peers[from:len(reg.Peers):len(reg.Peers)])
+		}
+	}
+	c.keepOnly(dir, files)
 	if droppedFiles > 0 {
 		reg.Errors = append(reg.Errors, config.ErrorList{{File: dir, Msg: fmt.Sprintf("and %d more skipped file(s) with %d error(s), not listed", droppedFiles, dropped)}})
 	}
@@ -362,18 +402,62 @@ const (
 // "nodeagent.yaml wireguard[1].peers[0]"; nil names it peers[i].
 // reg.Errors are not repeated.
 func Merge(static []config.WGPeer, staticWhere func(i int) string, reg Contents) ([]Peer, []error) {
+	m, out := NewMerger(static, staticWhere)
+	keep, errs := m.Add(reg.Peers)
+	return append(out, keep...), errs
+}
+
+// Merger is Merge a batch of register peers at a time, for peers that
+// come as LoadStream emits them: the static peers claim first, then each
+// register peer in order, exactly as Merge claims them.
+type Merger struct {
+	taken  claims
+	static int
+}
+
+// NewMerger returns a Merger holding the static peers' claims, and the
+// static peers as Merge returns them (first, in order).
+func NewMerger(static []config.WGPeer, staticWhere func(i int) string) (*Merger, []Peer) {
 	if staticWhere == nil {
 		staticWhere = func(i int) string { return config.IndexPath("peers", i) }
 	}
-	taken := newClaims()
-	out := make([]Peer, 0, len(static)+len(reg.Peers))
+	m := &Merger{taken: newClaims(), static: len(static)}
+	out := make([]Peer, 0, len(static))
 	for i, p := range static {
-		taken.add(p, func(int) string { return staticWhere(i) })
+		m.taken.add(p, func(int) string { return staticWhere(i) })
 		out = append(out, Peer{Peer: p})
 	}
+	return m, out
+}
+
+// AddLoaded is Add for peers as Load (or LoadStream) gives them, which
+// clash with none before them: a peer kept by Load claimed its key and
+// prefixes in Load's own claims, so it can only clash with a static peer.
+// Each is checked against the static peers alone, and nothing is
+// recorded; with no static peers, peers are kept as they are.
+func (m *Merger) AddLoaded(peers []Peer) ([]Peer, []error) {
+	if m.static == 0 {
+		return peers, nil
+	}
+	out := make([]Peer, 0, len(peers))
 	var errs []error
-	for _, p := range reg.Peers {
-		if e := taken.claim(p); len(e) > 0 {
+	for _, p := range peers {
+		if e := m.taken.check(p); len(e) > 0 {
+			errs = append(errs, e.Sorted())
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, errs
+}
+
+// Add claims peers, the next register peers in order, and returns those
+// kept and an error for each left out.
+func (m *Merger) Add(peers []Peer) ([]Peer, []error) {
+	out := make([]Peer, 0, len(peers))
+	var errs []error
+	for _, p := range peers {
+		if e := m.taken.claim(p); len(e) > 0 {
 			errs = append(errs, e.Sorted())
 			continue
 		}
@@ -413,6 +497,21 @@ func (c claims) add(p config.WGPeer, where func(i int) string) {
 // clash and records nothing: a peer that is left out must not keep a later
 // one out too.
 func (c claims) claim(p Peer) config.ErrorList {
+	errs := c.check(p)
+	if len(errs) == 0 {
+		c.add(p.Peer, func(i int) string {
+			if l := p.line(i); l > 0 {
+				return p.File + ":" + strconv.Itoa(l)
+			}
+			return p.File
+		})
+	}
+	return errs
+}
+
+// check reports every clash of p's key and prefixes with what is claimed,
+// recording nothing.
+func (c claims) check(p Peer) config.ErrorList {
 	var errs config.ErrorList
 	if first, dup := c.keys[p.Peer.PublicKey]; dup {
 		errs = append(errs, &config.FieldError{File: p.File, Line: p.line(-1), Field: p.field(-1),
@@ -427,14 +526,6 @@ func (c claims) claim(p Peer) config.ErrorList {
 			errs = append(errs, &config.FieldError{File: p.File, Line: p.line(i), Field: p.field(i),
 				Msg: fmt.Sprintf("%s is already allowed for the peer in %s; WireGuard routes a prefix to one peer only", pfx.Masked(), first)})
 		}
-	}
-	if len(errs) == 0 {
-		c.add(p.Peer, func(i int) string {
-			if l := p.line(i); l > 0 {
-				return p.File + ":" + strconv.Itoa(l)
-			}
-			return p.File
-		})
 	}
 	return errs
 }

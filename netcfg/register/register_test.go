@@ -726,3 +726,84 @@ func isWGKey(s string) bool {
 	b, err := base64.StdEncoding.DecodeString(s)
 	return err == nil && len(b) == 32
 }
+
+// TestLoadStream: the peers LoadStream emits, batch after batch, are
+// Contents.Peers exactly and in name order, whatever the reading's timing,
+// across many chunks with clashes, broken and ignored files among them;
+// and a Merger fed those batches gives what Merge gives, by AddLoaded
+// (checked against the static peers only) as by Add.
+func TestLoadStream(t *testing.T) {
+	dir := t.TempDir()
+	key := func(i int) string {
+		var k [32]byte
+		k[0], k[1] = byte(i), byte(i>>8)
+		return base64.StdEncoding.EncodeToString(k[:])
+	}
+	for i := 0; i < 150; i++ {
+		name, body := fmt.Sprintf("p%03d.yaml", i), fmt.Sprintf("publicKey: %s\nallowedIPs: [10.91.%d.%d/32]\n", key(i), i/256, i%256)
+		switch {
+		case i%17 == 5:
+			// The key of a file before it: skipped.
+			body = fmt.Sprintf("publicKey: %s\nallowedIPs: [10.92.0.%d/32]\n", key(i-3), i)
+		case i%23 == 7:
+			// A prefix of a file before it.
+			body = fmt.Sprintf("publicKey: %s\nallowedIPs: [10.91.0.%d/32]\n", key(i), i-2)
+		case i%29 == 11:
+			body = "publicKey: [not a key\n"
+		case i%31 == 13:
+			name = fmt.Sprintf("p%03d.conf", i)
+			body = fmt.Sprintf("[Peer]\nPublicKey = %s\nAllowedIPs = 10.91.%d.%d/32\n", key(i), i/256, i%256)
+		}
+		writeFile(t, dir, name, body, 0o600)
+	}
+	writeFile(t, dir, ".p050.yaml.swp", "junk", 0o600)
+	writeFile(t, dir, "p060.yaml~", "junk", 0o600)
+	os.Mkdir(filepath.Join(dir, "p070.yaml"), 0o755)
+	static := []config.WGPeer{{Name: "gw", PublicKey: key(41), AllowedIPs: []string{"10.91.0.100/32"}}}
+	where := func(i int) string { return fmt.Sprintf("static[%d]", i) }
+	c := &Cache{}
+	for run := 0; run < 3; run++ { // cold, then from the cache
+		var emitted []Peer
+		batches := 0
+		m, merged := NewMerger(static, where)
+		m2, merged2 := NewMerger(static, where)
+		var mergeErrs, mergeErrs2 []error
+		reg := c.LoadStream(dir, config.Options{}, func(ps []Peer) {
+			if len(ps) == 0 {
+				t.Error("an empty batch")
+			}
+			batches++
+			emitted = append(emitted, ps...)
+			keep, errs := m.AddLoaded(ps)
+			merged, mergeErrs = append(merged, keep...), append(mergeErrs, errs...)
+			keep2, errs2 := m2.Add(ps)
+			merged2, mergeErrs2 = append(merged2, keep2...), append(mergeErrs2, errs2...)
+		})
+		if diff := cmp.Diff(reg.Peers, emitted); diff != "" {
+			t.Fatalf("run %d: emitted peers differ from the load's (-load +emitted):\n%s", run, diff)
+		}
+		if !slices.IsSortedFunc(emitted, func(a, b Peer) int { return strings.Compare(a.File, b.File) }) {
+			t.Errorf("run %d: peers not emitted in name order", run)
+		}
+		if len(reg.Peers) < 100 || len(reg.Errors) < 15 {
+			t.Fatalf("run %d: %d peers, %d errors; the register should give over 100 and 15", run, len(reg.Peers), len(reg.Errors))
+		}
+		if plain := Load(dir, config.Options{}); !cmp.Equal(plain.Peers, reg.Peers) || !slices.Equal(registerErrors(t, dir, plain.Errors), registerErrors(t, dir, reg.Errors)) {
+			t.Errorf("run %d: LoadStream and Load differ", run)
+		}
+		want, wantErrs := Merge(static, where, reg)
+		if diff := cmp.Diff(want, merged); diff != "" {
+			t.Errorf("run %d: Merger (-Merge +Merger):\n%s", run, diff)
+		}
+		if diff := cmp.Diff(registerErrors(t, dir, wantErrs), registerErrors(t, dir, mergeErrs)); diff != "" || len(wantErrs) == 0 {
+			t.Errorf("run %d: Merger errors (-Merge +Merger):\n%s", run, diff)
+		}
+		if !cmp.Equal(merged, merged2) || !slices.Equal(registerErrors(t, dir, mergeErrs), registerErrors(t, dir, mergeErrs2)) {
+			t.Errorf("run %d: AddLoaded and Add differ", run)
+		}
+		t.Logf("run %d: %d peers in %d batches, %d skipped files", run, len(emitted), batches, len(reg.Errors))
+		if run == 0 {
+			time.Sleep(racyWindow + 100*time.Millisecond) // so the cache trusts what it parsed
+		}
+	}
+}
