@@ -15,6 +15,13 @@ import (
 // instead of seeing an unmarked link squatting on a configured name.
 const CreatingGroup = 0x6e610001 // "na" + 1
 
+// StagingGroup is the link group of a WireGuard device that nodeagent fills
+// under a name of its own while it reads the device's peers at start-up
+// (wg.Stager). Such a link is not owned (neither the alias nor
+// CreatingGroup), so no sync plans it or deletes it: it becomes the device
+// when it is renamed and marked, or is deleted.
+const StagingGroup = 0x6e610002 // "na" + 2
+
 // LinkSpec is a link to create.
 type LinkSpec struct {
 	Name        string
@@ -27,6 +34,8 @@ type LinkSpec struct {
 	Up          bool
 	VLANID      int
 	MacvlanMode uint32
+	// Group is the link group it is born with; 0 means CreatingGroup.
+	Group uint32
 }
 
 // LinkCreate creates a link in one RTM_NEWLINK message, with
@@ -46,7 +55,11 @@ func (h *Host) LinkCreate(s LinkSpec) (Link, error) {
 	if s.ParentIndex != 0 {
 		req.AddData(nl.NewRtAttr(unix.IFLA_LINK, nl.Uint32Attr(uint32(s.ParentIndex))))
 	}
-	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(CreatingGroup)))
+	group := s.Group
+	if group == 0 {
+		group = CreatingGroup
+	}
+	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(group)))
 	if s.MTU > 0 {
 		req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(s.MTU))))
 	}
