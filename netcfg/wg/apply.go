@@ -47,7 +47,8 @@ func (o Op) Entry() plan.Entry {
 	case o.Kind == OpAddPeer || o.Kind == OpRemovePeer || o.Kind == OpUpdatePeer || o.PeerID != (wgtypes.Key{}):
 		kind = plan.KindWireGuardPeer
 	}
-	e := plan.Entry{Subsystem: plan.WireGuard, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String()}
+	obj := o.Object()
+	e := plan.Entry{Subsystem: plan.WireGuard, Kind: kind, Action: plan.Action(o.Action()), Object: obj, Text: o.text(obj)}
 	if o.Kind == OpFail {
 		e.Err = opError(o)
 	}

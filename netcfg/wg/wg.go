@@ -292,15 +292,18 @@ func (o Op) Object() string {
 }
 
 func peerObject(dev string, k wgtypes.Key, name string) string {
-	s := fmt.Sprintf("wireguard %s peer %s", dev, k)
+	s := "wireguard " + dev + " peer " + k.String()
 	if name != "" {
 		s += " (" + name + ")"
 	}
 	return s
 }
 
-func (o Op) String() string {
-	s := o.Object()
+func (o Op) String() string { return o.text(o.Object()) }
+
+// text is the op's plan line, given its Object (a report entry has both,
+// and a plan of thousands of peers should not name each twice).
+func (o Op) text(s string) string {
 	switch o.Kind {
 	case OpDeleteDevice:
 		s += fmt.Sprintf(" (%s)", o.Old.Impl)
@@ -357,33 +360,39 @@ func (o Op) changes() []string {
 }
 
 func describePeer(p Peer, ep netip.AddrPort) string {
-	var parts []string
-	parts = append(parts, "allowed IPs "+joinPrefixes(p.AllowedIPs))
+	b := append(make([]byte, 0, 64), "allowed IPs "...)
+	b = appendPrefixes(b, p.AllowedIPs)
 	if p.Endpoint != "" {
-		e := p.Endpoint
+		b = append(b, ", endpoint "...)
+		b = append(b, p.Endpoint...)
 		if ep.IsValid() && ep.String() != p.Endpoint {
-			e += " = " + ep.String()
+			b = append(b, " = "...)
+			b = ep.AppendTo(b)
 		}
-		parts = append(parts, "endpoint "+e)
 	}
 	if p.Keepalive > 0 {
-		parts = append(parts, fmt.Sprintf("keepalive %s", p.Keepalive))
+		b = append(b, ", keepalive "...)
+		b = append(b, p.Keepalive.String()...)
 	}
 	if !p.PresharedKey.IsZero() {
-		parts = append(parts, "preshared key")
+		b = append(b, ", preshared key"...)
 	}
-	return strings.Join(parts, ", ")
+	return string(b)
 }
 
-func joinPrefixes(ps []netip.Prefix) string {
+func joinPrefixes(ps []netip.Prefix) string { return string(appendPrefixes(nil, ps)) }
+
+func appendPrefixes(b []byte, ps []netip.Prefix) []byte {
 	if len(ps) == 0 {
-		return "(none)"
+		return append(b, "(none)"...)
 	}
-	s := make([]string, len(ps))
 	for i, p := range ps {
-		s[i] = p.String()
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = p.AppendTo(b)
 	}
-	return strings.Join(s, ",")
+	return b
 }
 
 func mtuOf(d Device) int {
