@@ -33,6 +33,15 @@ func FromConfig(c *config.Config, tablesFile string) (Desired, error) {
 // FromConfigCached is FromConfig reading WireGuard peer registers through
 // reg (nil: no cache), as the daemon does on every reload and resync.
 func FromConfigCached(c *config.Config, tablesFile string, reg *register.Cache) (Desired, error) {
+	return FromConfigStaged(c, tablesFile, reg, nil)
+}
+
+// FromConfigStaged is FromConfigCached that begins, with st, a staging
+// device for each kernel WireGuard device that does not exist yet, and
+// writes its peers to it as the register is read (wg.Stager): the
+// daemon's start-up. A desired state that is not returned (an error) has
+// its stages deleted.
+func FromConfigStaged(c *config.Config, tablesFile string, reg *register.Cache, st *wg.Stager) (Desired, error) {
 	var d Desired
 	var errs []error
 	prefixes := func(owner string, ss []string) []netip.Prefix {
@@ -75,8 +84,14 @@ func FromConfigCached(c *config.Config, tablesFile string, reg *register.Cache) 
 	errs = append(errs, err)
 	d.Nft, err = nftFromConfig(c.Firewall)
 	errs = append(errs, err)
-	d.WG = wgFromConfig(c, config.Options{}, reg)
-	return d, errors.Join(errs...)
+	d.WG = wgFromConfig(c, config.Options{}, reg, st)
+	if err := errors.Join(errs...); err != nil {
+		for _, dev := range d.WG.Devices {
+			dev.Stage.Discard()
+		}
+		return d, err
+	}
+	return d, nil
 }
 
 // DefaultTablesFile is where the tables' names are written for `ip`.
@@ -280,15 +295,15 @@ func nftFromConfig(c config.Firewall) (nft.Desired, error) {
 // a device whose private key cannot be read is Broken, and a register
 // entry (or static peer) that cannot be used is Skipped, each with the
 // reason, so the other devices and peers are converged.
-func wgFromConfig(c *config.Config, opts config.Options, reg *register.Cache) wg.Desired {
+func wgFromConfig(c *config.Config, opts config.Options, reg *register.Cache, st *wg.Stager) wg.Desired {
 	var d wg.Desired
 	for i, w := range c.WireGuard {
-		d.Devices = append(d.Devices, wgDeviceFromConfig(c.File, i, w, opts, reg))
+		d.Devices = append(d.Devices, wgDeviceFromConfig(c.File, i, w, opts, reg, st))
 	}
 	return d
 }
 
-func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Options, cache *register.Cache) wg.Device {
+func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Options, cache *register.Cache, stager *wg.Stager) wg.Device {
 	impl := w.Implementation
 	if impl == "" {
 		impl = wg.ImplAuto
@@ -312,34 +327,50 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 	} else {
 		dev.PrivateKey = k
 	}
+	if w.PIA == nil && w.PeersDir != "" {
+		dev.Stage = stager.Begin(dev)
+	}
+	// The static peers first, then the register's as they are read and
+	// claimed (register.Merge, a batch at a time), each converted as it
+	// comes and handed to the stage.
+	m, static := register.NewMerger(w.Peers, func(j int) string {
+		return fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, j)
+	})
+	var mergeErrs, convErrs []error
+	nStatic := 0
+	convert := func(peers []register.Peer) {
+		for _, rp := range peers {
+			where := fmt.Sprintf("%s:%d", rp.File, rp.Line)
+			if rp.File == "" {
+				where = fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, nStatic)
+				nStatic++
+			}
+			if rp.Peer.PresharedKeyFile != "" {
+				dev.KeyFiles = append(dev.KeyFiles, rp.Peer.PresharedKeyFile)
+			}
+			p, err := wgPeerFromConfig(rp)
+			if err != nil {
+				convErrs = append(convErrs, fmt.Errorf("%s: %v", where, err))
+				continue
+			}
+			p.Source = rp.File
+			dev.Peers = append(dev.Peers, p)
+			dev.Stage.Add(p)
+		}
+	}
+	convert(static)
 	var reg register.Contents
 	if w.PeersDir != "" {
-		reg = cache.Load(w.PeersDir, opts)
+		reg = cache.LoadStream(w.PeersDir, opts, func(peers []register.Peer) {
+			keep, errs := m.AddLoaded(peers)
+			mergeErrs = append(mergeErrs, errs...)
+			convert(keep)
+		})
 	}
-	peers, errs := register.Merge(w.Peers, func(j int) string {
-		return fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, j)
-	}, reg)
+	dev.Stage.Seal()
 	dev.KeepPeers = reg.Unreadable
-	for _, err := range append(reg.Errors, errs...) {
+	for _, err := range slices.Concat(reg.Errors, mergeErrs, convErrs) {
 		dev.Skipped = append(dev.Skipped, err.Error())
-	}
-	static := 0
-	for _, rp := range peers {
-		where := fmt.Sprintf("%s:%d", rp.File, rp.Line)
-		if rp.File == "" {
-			where = fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, static)
-			static++
-		}
-		if rp.Peer.PresharedKeyFile != "" {
-			dev.KeyFiles = append(dev.KeyFiles, rp.Peer.PresharedKeyFile)
-		}
-		p, err := wgPeerFromConfig(rp)
-		if err != nil {
-			dev.Skipped = append(dev.Skipped, fmt.Sprintf("%s: %v", where, err))
-			continue
-		}
-		p.Source = rp.File
-		dev.Peers = append(dev.Peers, p)
 	}
 	return dev
 }

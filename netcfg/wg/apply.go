@@ -23,7 +23,9 @@ func Apply(ctx context.Context, h *Handle, s *host.Snapshot, p Plan) (Observed, 
 // Execute carries out exactly p's ops and reports each. Per device the
 // order is: link (create or delete, mark, MTU), addresses, then one wgctrl
 // write with the device's key, port and fwmark and every peer op, then up,
-// so a device never comes up without its key. An op that fails is
+// so a device never comes up without its key. A device created from a
+// staging device that holds exactly what its creation and peer adds write
+// (Stager) is that device, renamed and marked; only the rest is written. An op that fails is
 // reported by its object and does not stop the other devices; the ops of a
 // device whose creation failed are skipped with that reason. Devices it
 // creates and deletes are recorded in s.
@@ -97,6 +99,14 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 	var cfgOps []int
 	var index int
 	var up bool
+	// A staging device holding exactly what the creation and the peer
+	// adds write becomes the device; they are then written already.
+	staged, stagedIndex := false, 0
+	for _, i := range ids {
+		if o := &all[i]; o.Kind == OpCreateDevice && o.Want.Stage != nil {
+			stagedIndex, staged = o.Want.Stage.take(h, *o, all, ids)
+		}
+	}
 	for k, i := range ids {
 		o := all[i]
 		var err error
@@ -107,6 +117,11 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 			err = deleteDevice(h, o)
 			s.Deleted(o.Device)
 		case OpCreateDevice:
+			if staged {
+				index, up = stagedIndex, true
+				s.Created(o.Device, index)
+				continue
+			}
 			index, err = createDevice(h, o)
 			if err != nil {
 				fail(i, err)
@@ -141,6 +156,9 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 			setDevice(&cfg, o.Want, o.Fields)
 			cfgOps = append(cfgOps, i)
 		case OpAddPeer, OpUpdatePeer, OpRemovePeer:
+			if staged && o.Kind == OpAddPeer {
+				continue
+			}
 			cfg.Peers = append(cfg.Peers, peerConfig(o))
 			cfgOps = append(cfgOps, i)
 		case OpSetUp:

@@ -100,6 +100,10 @@ type Device struct {
 	// KeyFiles are the key files the device was built from (its private
 	// key, its peers' preshared keys), so the daemon can watch them.
 	KeyFiles []string
+	// Stage is the staging device filled with Peers while they were read
+	// (Stager), which the sync that creates the device takes if it holds
+	// exactly what the creation writes; nil for none.
+	Stage *Stage `json:"-"`
 }
 
 // Peer is one desired peer.
