@@ -128,6 +128,11 @@ type Daemon struct {
 	// hookEv carries finished onChange runs back to the loop.
 	hookEv chan hookResult
 
+	// stager holds the staging devices of the start-up read (staging
+	// while it runs) until the first sync has taken them; nil after.
+	stager  *wg.Stager
+	staging bool
+
 	// stall wedges the loop for the given time (the test hook, also sent
 	// by SIGUSR2 when TestHooks is on).
 	stall chan time.Duration
@@ -177,7 +182,14 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		}
 		d.host = h
 	}
-	if err := d.load(false); err != nil {
+	// The start-up read fills new kernel WireGuard devices as it reads
+	// their registers; the first sync takes them (wg.Stager).
+	d.stager = wg.NewStager(d.host, d.log.With("subsystem", "wireguard"))
+	d.staging = true
+	err := d.load(false)
+	d.staging = false
+	if err != nil {
+		d.stager.Finish()
 		if o.Host == nil {
 			d.host.Close()
 		}
@@ -200,6 +212,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer func() { d.stager.Finish() }() // if no first sync took its stages
 	defer d.us.Close()
 	defer d.cv.Close()
 	if d.o.Host == nil {

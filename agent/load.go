@@ -17,6 +17,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
 
 // load reads and validates the config and derives the desired state,
@@ -149,6 +150,10 @@ func (d *Daemon) read(resync bool) (loaded, error) {
 			gen = d.files.gen.Load()
 		}
 		quiet, sum, ids := resync && d.quietBase(), d.rawSum, d.dirIDs
+		var st *wg.Stager
+		if d.staging {
+			st = d.stager
+		}
 		go func() {
 			if quiet {
 				if raw, err := config.ReadRaw(o.Config); err == nil && sha256.Sum256(raw) == sum && maps.Equal(dirIDs(slices.Collect(maps.Keys(ids))), ids) {
@@ -156,7 +161,7 @@ func (d *Daemon) read(resync bool) (loaded, error) {
 					return
 				}
 			}
-			c, des, raw, err := load(o)
+			c, des, raw, err := load(o, st)
 			var setups map[string]piaSetup
 			var now map[string]dirID
 			if err == nil {

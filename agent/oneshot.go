@@ -15,6 +15,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/register"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"golang.org/x/sys/unix"
 )
@@ -45,13 +46,15 @@ type Options struct {
 // Load reads and validates the config at o.Config and derives the desired
 // state.
 func Load(o Options) (*config.Config, netcfg.Desired, error) {
-	c, d, _, err := load(o)
+	c, d, _, err := load(o, nil)
 	return c, d, err
 }
 
 // load is Load that also returns the config file's bytes, read once, so
-// that the daemon's config hash describes exactly what was loaded.
-func load(o Options) (*config.Config, netcfg.Desired, []byte, error) {
+// that the daemon's config hash describes exactly what was loaded. With
+// st, new kernel WireGuard devices are filled as their registers are read
+// (netcfg.FromConfigStaged).
+func load(o Options, st *wg.Stager) (*config.Config, netcfg.Desired, []byte, error) {
 	path := o.Config
 	c, raw, err := config.ReadWith(path, config.Options{PIARegion: cachedRegion(o.StateDir)})
 	if err != nil {
@@ -61,7 +64,7 @@ func load(o Options) (*config.Config, netcfg.Desired, []byte, error) {
 		}
 		return nil, netcfg.Desired{}, nil, err
 	}
-	d, err := netcfg.FromConfigCached(c, o.TablesFile, o.Register)
+	d, err := netcfg.FromConfigStaged(c, o.TablesFile, o.Register, st)
 	if err != nil {
 		return nil, netcfg.Desired{}, nil, &InvalidError{fmt.Errorf("%s: %w", path, err)}
 	}
@@ -140,18 +143,22 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 // made to w and fails naming every object that failed.
 func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) error {
 	path := o.Config
-	c, d, err := Load(o)
+	h, err := host.Current()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	// New kernel devices are filled while their registers are read; what
+	// the sync does not take is deleted.
+	st := wg.NewStager(h, log)
+	defer st.Finish()
+	c, d, _, err := load(o, st)
 	if err != nil {
 		return err
 	}
 	if devs := piaDevices(c); len(devs) > 0 {
 		return fmt.Errorf("%s: wireguard %s: a PIA tunnel is registered and kept healthy by the daemon (nodeagent run), which apply --once is not; nothing applied", path, strings.Join(devs, ", "))
 	}
-	h, err := host.Current()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
 	if usesRouting(d) {
 		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
 			log.Warn(warn)

@@ -38,6 +38,12 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		d.beforeApply(p)
 	}
 	res := d.apply(ctx, des, p)
+	if d.stager != nil {
+		// The first sync took the start-up's staging devices or not;
+		// what it did not take is deleted.
+		d.stager.Finish()
+		d.stager = nil
+	}
 	if d.afterApply != nil {
 		d.afterApply(p, res)
 	}
