@@ -39,7 +39,8 @@ func benchPeers(n int) []benchPeer {
 }
 
 // BenchmarkRegister5000Peers puts 5000 peers from a register onto a fresh
-// kernel device, then changes one peer, then syncs with nothing changed;
+// kernel device as the daemon's start-up does (staged while the register
+// is read), then changes one peer, then syncs with nothing changed;
 // `wg syncconf` from wireguard-tools does the same from one wg-quick file,
 // side by side in the same run. nodeagent's figures include reading and
 // validating the 5000 register files; wg's include one `ip netns exec`,
@@ -69,13 +70,25 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		// The daemon's register cache: after the cold read, a re-read costs
 		// a stat per unchanged file and parses only what changed.
 		cache := &register.Cache{}
+		// The cold sync is the daemon's start-up: the register's peers are
+		// written to a staging device as they are read (wg.Stager).
+		var stager *wg.Stager
 		sync := func() wg.Plan {
 			t0 := time.Now()
 			c, err := config.Load(cfgFile)
 			if err != nil {
 				b.Fatal(err)
 			}
-			d := wgDesired(b, c, cache)
+			var d wg.Desired
+			if stager != nil {
+				full, err := netcfg.FromConfigStaged(c, "", cache, stager)
+				if err != nil {
+					b.Fatal(err)
+				}
+				d = full.WG
+			} else {
+				d = wgDesired(b, c, cache)
+			}
 			t1 := time.Now()
 			o, err := wg.Observe(context.Background(), h, h.Host.Snapshot(), d)
 			if err != nil {
@@ -92,11 +105,18 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 			return p
 		}
 		start := time.Now()
+		stager = wg.NewStager(ns.Host, nil)
 		p := sync()
+		stager.Finish()
 		cold := time.Since(start)
-		fmt.Printf("cold sync: %d write(s) carrying %d peers in %d netlink messages, %s in them\n", h.ConfigWrites(), h.PeerWrites(), h.MessageWrites(), h.ConfigTime())
+		stageTook := p.Desired.Devices[0].Stage.Took()
+		stager = nil
+		fmt.Printf("cold sync: the staging device's writes took %s, while the register was read; the sync itself: %d write(s) carrying %d peers in %d netlink messages, %s in them\n", stageTook, h.ConfigWrites(), h.PeerWrites(), h.MessageWrites(), h.ConfigTime())
 		if got := strings.Count(p.String(), "peer "); got != n {
-			b.Fatalf("cold sync wrote %d peers", got)
+			b.Fatalf("cold sync planned %d peers", got)
+		}
+		if out := ns.Exec(b, "wg", "show", "wg0", "peers"); strings.Count(out, "\n") != n {
+			b.Fatalf("after the cold sync wg0 has %d peers", strings.Count(out, "\n"))
 		}
 		// Files parsed within moments of being written are not trusted to
 		// the cache (file times move in ticks): wait that out, and let one
@@ -169,6 +189,41 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		}
 		h.Close()
 
+		// A cold sync in a namespace of its own: staged, as the daemon's
+		// start-up does it, or not, as it was before the Stager and as a
+		// later reload still does it (read, then plan, then write).
+		coldIn := func(staged bool) time.Duration {
+			cns := testenv.NewNetNS(b)
+			ch := &wg.Handle{Host: cns.Host, Log: slog.New(slog.DiscardHandler)}
+			defer ch.Close()
+			s0 := time.Now()
+			var st *wg.Stager
+			if staged {
+				st = wg.NewStager(cns.Host, nil)
+			}
+			c, err := config.Load(cfgFile)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d, err := netcfg.FromConfigStaged(c, "", &register.Cache{}, st)
+			if err != nil {
+				b.Fatal(err)
+			}
+			o, err := wg.Observe(context.Background(), ch, ch.Host.Snapshot(), d.WG)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, rep := wg.Apply(context.Background(), ch, ch.Host.Snapshot(), wg.MakePlan(d.WG, o)); rep.Err() != nil {
+				b.Fatal(rep.Err())
+			}
+			st.Finish()
+			took := time.Since(s0)
+			if got := strings.Count(cns.Exec(b, "wg", "show", "wg0", "peers"), "\n"); got != n || (ch.PeerWrites() == 0) != staged {
+				b.Fatalf("cold sync (staged %v): %d peers on wg0, %d written by the sync", staged, got, ch.PeerWrites())
+			}
+			return took
+		}
+
 		// wg syncconf, from the same peers as one wg-quick file.
 		wns := testenv.NewNetNS(b)
 		wns.Exec(b, "ip", "link", "add", "wg0", "type", "wireguard")
@@ -187,13 +242,14 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 			return f
 		}
 		full, edited := conf(false), conf(true)
-		timed := func(args ...string) time.Duration {
+		timedIn := func(ns *testenv.NetNS, args ...string) time.Duration {
 			s := time.Now()
-			if out, err := exec.Command("ip", append([]string{"netns", "exec", wns.Name}, args...)...).CombinedOutput(); err != nil {
+			if out, err := exec.Command("ip", append([]string{"netns", "exec", ns.Name}, args...)...).CombinedOutput(); err != nil {
 				b.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
 			}
 			return time.Since(s)
 		}
+		timed := func(args ...string) time.Duration { return timedIn(wns, args...) }
 		execCost := timed("true")
 		for j := 0; j < 2; j++ {
 			execCost = min(execCost, timed("true"))
@@ -201,19 +257,40 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		wgCold := timed("wg", "syncconf", "wg0", full) - execCost
 		wgOne := timed("wg", "syncconf", "wg0", edited) - execCost
 		wgNoop := timed("wg", "syncconf", "wg0", edited) - execCost
-		var wgSet time.Duration
-		for j := 0; j < 3; j++ {
-			e := timed("wg", "set", "wg0", "peer", peers[7].pub.String(), "allowed-ips", fmt.Sprintf("10.202.0.%d/32", j)) - execCost
-			if wgSet == 0 || e < wgSet {
-				wgSet = e
+		// wg set of one peer is a few ms beside an exec of tens: the best
+		// of five, each beside an exec of `true` (whose best is taken), so
+		// that the exec's own noise is not counted.
+		var setBest, trueBest time.Duration
+		for j := 0; j < 5; j++ {
+			e := timed("wg", "set", "wg0", "peer", peers[7].pub.String(), "allowed-ips", fmt.Sprintf("10.202.0.%d/32", j))
+			t := timed("true")
+			if j == 0 || e < setBest {
+				setBest = e
+			}
+			if j == 0 || t < trueBest {
+				trueBest = t
 			}
 		}
+		wgSet := max(setBest-min(trueBest, execCost), 0)
+
+		// A second cold sample of each, interleaved, against the
+		// machine's drift (under TCG one sample moves by 15 % and more):
+		// each cold figure is the better of its two.
+		staged2 := coldIn(true)
+		wns2 := testenv.NewNetNS(b)
+		wns2.Exec(b, "ip", "link", "add", "wg0", "type", "wireguard")
+		wgCold2 := timedIn(wns2, "wg", "syncconf", "wg0", full) - execCost
+		unstaged := coldIn(false)
+		fmt.Printf("cold samples: nodeagent %v, %v; wg syncconf %v, %v; unstaged %v\n", cold.Round(time.Millisecond), staged2.Round(time.Millisecond), wgCold.Round(time.Millisecond), wgCold2.Round(time.Millisecond), unstaged.Round(time.Millisecond))
+		cold, wgCold = min(cold, staged2), min(wgCold, wgCold2)
 
 		fmt.Print("phases (cold, cache warm-up, one changed, no-ops):\n" + phases)
 		ms := func(d time.Duration) float64 { return d.Seconds() * 1000 }
 		b.ReportMetric(ms(cold), "nodeagent-cold-ms")
 		b.ReportMetric(ms(wgCold), "syncconf-cold-ms")
 		b.ReportMetric(cold.Seconds()/wgCold.Seconds(), "x-syncconf-cold")
+		b.ReportMetric(ms(unstaged), "unstaged-cold-ms")
+		b.ReportMetric(unstaged.Seconds()/wgCold.Seconds(), "x-syncconf-unstaged")
 		b.ReportMetric(ms(one), "nodeagent-one-ms")
 		b.ReportMetric(ms(wgOne), "syncconf-one-ms")
 		b.ReportMetric(float64(onePeers), "one-change-peers-written")
@@ -225,12 +302,13 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		b.ReportMetric(float64(noopWrites), "noop-writes")
 		fmt.Printf("\n%d WireGuard peers from a register onto a fresh kernel device:\n"+
 			"  nodeagent (read+validate %d files, plan, write)  %8.1f ms   %.2fx wg syncconf (target <= 1.2x)\n"+
+			"  the same unstaged (read, then plan, then write)  %8.1f ms   %.2fx wg syncconf\n"+
 			"  wg syncconf (one file)                           %8.1f ms   (ip netns exec cost %.1f ms subtracted)\n"+
 			"one peer file changed, as the daemon applies it (fsnotify names the file): nodeagent %.2f ms writing %d peer(s)   %.2fx wg set of that peer (target <= 1.5x)\n"+
-			"  wg set wg0 peer KEY allowed-ips ...                                      %.2f ms   (best of 3, ip netns exec cost subtracted)\n"+
+			"  wg set wg0 peer KEY allowed-ips ...                                      %.2f ms   (best of 5, less the best ip netns exec)\n"+
 			"one peer changed, full sync (config and register re-read through the cache, observe, plan): nodeagent %.1f ms writing %d peer(s); wg syncconf %.1f ms\n"+
 			"no-op sync: nodeagent %.1f ms (observe + plan, the desired state in memory, as on a kernel event), %.1f ms re-reading the register (cached) too; %d writes (target 0); wg syncconf %.1f ms\n\n",
-			n, n, ms(cold), cold.Seconds()/wgCold.Seconds(), ms(wgCold), ms(execCost), ms(fast), fastPeers, fast.Seconds()/wgSet.Seconds(), ms(wgSet), ms(one), onePeers, ms(wgOne), ms(noopMem), ms(noop), noopWrites, ms(wgNoop))
+			n, n, ms(cold), cold.Seconds()/wgCold.Seconds(), ms(unstaged), unstaged.Seconds()/wgCold.Seconds(), ms(wgCold), ms(execCost), ms(fast), fastPeers, fast.Seconds()/wgSet.Seconds(), ms(wgSet), ms(one), onePeers, ms(wgOne), ms(noopMem), ms(noop), noopWrites, ms(wgNoop))
 	}
 }
 
