@@ -197,6 +197,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	kc, err := kube.FromConfig(d.cfg)
 	if err != nil {
+		d.stager.Finish()
 		return nil, err
 	}
 	d.labeler = kube.New(kc, d.log)
@@ -212,12 +213,14 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer func() { d.stager.Finish() }() // if no first sync took its stages
 	defer d.us.Close()
 	defer d.cv.Close()
 	if d.o.Host == nil {
 		defer d.host.Close()
 	}
+	// Before the host is closed: the start-up's stages if no first sync
+	// took them (Run failed before it).
+	defer func() { d.stager.Finish() }()
 	if err := watchNetlink(ctx, d.host, &d.want, d.kickNow, d.log); err != nil {
 		return fmt.Errorf("rtnetlink events: %w", err)
 	}

@@ -143,22 +143,18 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 // made to w and fails naming every object that failed.
 func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) error {
 	path := o.Config
-	h, err := host.Current()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	// New kernel devices are filled while their registers are read; what
-	// the sync does not take is deleted.
-	st := wg.NewStager(h, log)
-	defer st.Finish()
-	c, d, _, err := load(o, st)
+	c, d, err := Load(o)
 	if err != nil {
 		return err
 	}
 	if devs := piaDevices(c); len(devs) > 0 {
 		return fmt.Errorf("%s: wireguard %s: a PIA tunnel is registered and kept healthy by the daemon (nodeagent run), which apply --once is not; nothing applied", path, strings.Join(devs, ", "))
 	}
+	h, err := host.Current()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
 	if usesRouting(d) {
 		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
 			log.Warn(warn)

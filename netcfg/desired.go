@@ -84,6 +84,9 @@ func FromConfigStaged(c *config.Config, tablesFile string, reg *register.Cache, 
 	errs = append(errs, err)
 	d.Nft, err = nftFromConfig(c.Firewall)
 	errs = append(errs, err)
+	if errors.Join(errs...) != nil {
+		st = nil // no stage for a desired state that will not be returned
+	}
 	d.WG = wgFromConfig(c, config.Options{}, reg, st)
 	if err := errors.Join(errs...); err != nil {
 		for _, dev := range d.WG.Devices {
@@ -359,13 +362,19 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 		}
 	}
 	convert(static)
+	take := func(peers []register.Peer) {
+		keep, errs := m.AddLoaded(peers)
+		mergeErrs = append(mergeErrs, errs...)
+		convert(keep)
+	}
 	var reg register.Contents
-	if w.PeersDir != "" {
-		reg = cache.LoadStream(w.PeersDir, opts, func(peers []register.Peer) {
-			keep, errs := m.AddLoaded(peers)
-			mergeErrs = append(mergeErrs, errs...)
-			convert(keep)
-		})
+	switch {
+	case w.PeersDir != "" && dev.Stage != nil:
+		reg = cache.LoadStream(w.PeersDir, opts, take)
+	case w.PeersDir != "":
+		// Without a stage nothing waits for the peers: all workers read.
+		reg = cache.Load(w.PeersDir, opts)
+		take(reg.Peers)
 	}
 	dev.Stage.Seal()
 	dev.KeepPeers = reg.Unreadable

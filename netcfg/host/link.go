@@ -106,6 +106,20 @@ func (h *Host) LinkMark(index int) error {
 	return h.exec(req)
 }
 
+// LinkRenameMark renames the link and stamps it as LinkMark does, in one
+// message: a process that dies meanwhile leaves either the unowned link
+// under its old name or nodeagent's under the new.
+func (h *Host) LinkRenameMark(index int, name string) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(LinkAlias)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(0)))
+	return h.exec(req)
+}
+
 func (h *Host) exec(req *nl.NetlinkRequest) error {
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: h.route}
 	h.Wrote(1)

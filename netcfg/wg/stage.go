@@ -49,6 +49,10 @@ type Stager struct {
 	mu       sync.Mutex
 	stages   []*Stage
 	finished bool
+	// begins are the Begins under way, which use Host: Finish waits for
+	// them, so that it never uses Host beside one (a start-up read that
+	// overran its deadline may still be in Begin).
+	begins sync.WaitGroup
 }
 
 // stagePrefix begins every staging device's name.
@@ -110,10 +114,14 @@ func (s *Stager) Begin(dev Device) *Stage {
 	}
 	s.mu.Lock()
 	finished := s.finished
+	if !finished {
+		s.begins.Add(1)
+	}
 	s.mu.Unlock()
 	if finished {
 		return nil
 	}
+	defer s.begins.Done()
 	if _, err := s.Host.NL().LinkByName(dev.Name); !errors.As(err, new(netlink.LinkNotFoundError)) {
 		return nil
 	}
@@ -137,18 +145,8 @@ func (s *Stager) Begin(dev Device) *Stage {
 	}
 	st.index = made.Index
 	s.mu.Lock()
-	finished = s.finished
-	if !finished {
-		s.stages = append(s.stages, st)
-	}
+	s.stages = append(s.stages, st)
 	s.mu.Unlock()
-	if finished {
-		// Finished while this one was made: no sync will take it.
-		h.Close()
-		s.Host.Wrote(1)
-		s.Host.NL().LinkDel(link(st.index))
-		return nil
-	}
 	var cfg wgtypes.Config
 	setDevice(&cfg, st.dev, deviceFields)
 	go st.write(cfg)
@@ -272,15 +270,10 @@ func (st *Stage) take(h *Handle, o Op, all []Op, ids []int) (int, bool) {
 		st.Discard()
 		return 0, false
 	}
-	h.Host.Wrote(1)
-	if err := h.Host.NL().LinkSetName(link(st.index), o.Device); err != nil {
-		st.s.Log.Debug("staging device not used", "device", o.Device, "err", err)
-		st.Discard()
-		return 0, false
-	}
-	if err := h.Host.LinkMark(st.index); err != nil {
-		// Not left unowned under the device's name: deleted, and the
-		// device created as always.
+	// Renamed and marked in one message: never the device's name on an
+	// unowned link. If the kernel took part of it, the link is deleted
+	// (by index, whatever its name) and the device created as always.
+	if err := h.Host.LinkRenameMark(st.index, o.Device); err != nil {
 		st.s.Log.Debug("staging device not used", "device", o.Device, "err", err)
 		st.Discard()
 		return 0, false
@@ -372,8 +365,12 @@ func (s *Stager) Finish() {
 		return
 	}
 	s.mu.Lock()
+	s.finished = true
+	s.mu.Unlock()
+	s.begins.Wait()
+	s.mu.Lock()
 	stages := s.stages
-	s.stages, s.finished = nil, true
+	s.stages = nil
 	s.mu.Unlock()
 	for _, st := range stages {
 		st.Discard()
