@@ -153,6 +153,12 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			arm(0)
 		case <-wgPoll.C:
 			provider, drift, every := d.pollWG(ctx)
+			if every > d.o.Resync/2 {
+				// Stretched past half the resync period, a poll would
+				// run once between two resyncs, each of which reads every
+				// device anyway: leave drift to the resync.
+				every = d.o.Resync
+			}
 			if every > 0 {
 				pollEvery = every
 				wgPoll.Reset(every)
@@ -238,7 +244,8 @@ func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.D
 // stretches to: a kernel device's digest costs a dump of every peer, so
 // with many thousands of peers on a slow machine the poll backs off rather
 // than keep a core busy; a `wg set` by hand is then seen within maxPoll,
-// the default resync period, whose sync reads every device too.
+// the default resync period, whose sync reads every device too. A poll
+// stretched past half the resync period is left to the resync (loop).
 const (
 	pollBudget = 500
 	maxPoll    = DefaultResync
