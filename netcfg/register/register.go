@@ -439,25 +439,20 @@ func (m *Merger) AddLoaded(peers []Peer) ([]Peer, []error) {
 	if m.static == 0 {
 		return peers, nil
 	}
-	out := make([]Peer, 0, len(peers))
-	var errs []error
-	for _, p := range peers {
-		if e := m.taken.check(p); len(e) > 0 {
-			errs = append(errs, e.Sorted())
-			continue
-		}
-		out = append(out, p)
-	}
-	return out, errs
+	return keep(peers, m.taken.check)
 }
 
 // Add claims peers, the next register peers in order, and returns those
 // kept and an error for each left out.
-func (m *Merger) Add(peers []Peer) ([]Peer, []error) {
+func (m *Merger) Add(peers []Peer) ([]Peer, []error) { return keep(peers, m.taken.claim) }
+
+// keep returns the peers clash finds nothing against, and the clashes of
+// the others.
+func keep(peers []Peer, clash func(Peer) config.ErrorList) ([]Peer, []error) {
 	out := make([]Peer, 0, len(peers))
 	var errs []error
 	for _, p := range peers {
-		if e := m.taken.claim(p); len(e) > 0 {
+		if e := clash(p); len(e) > 0 {
 			errs = append(errs, e.Sorted())
 			continue
 		}

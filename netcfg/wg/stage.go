@@ -174,6 +174,11 @@ func (st *Stage) Add(p Peer) {
 		st.queue = append(st.queue, stagedPeer{p, ep})
 	}
 	st.mu.Unlock()
+	st.poke()
+}
+
+// poke wakes the writer, if it waits.
+func (st *Stage) poke() {
 	select {
 	case st.wake <- struct{}{}:
 	default:
@@ -190,10 +195,7 @@ func (st *Stage) Seal() {
 	st.mu.Lock()
 	st.closed = true
 	st.mu.Unlock()
-	select {
-	case st.wake <- struct{}{}:
-	default:
-	}
+	st.poke()
 }
 
 // Close is Seal, and waits for the writes.
@@ -212,10 +214,7 @@ func (st *Stage) fail(why string) {
 	}
 	st.queue = nil
 	st.mu.Unlock()
-	select {
-	case st.wake <- struct{}{}:
-	default:
-	}
+	st.poke()
 }
 
 // write writes the device's fields, then whatever peers are queued, each
