@@ -121,7 +121,6 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		d.status.Node, _ = os.Hostname()
 	}
 	d.status.ConfigHash = d.hash
-	d.setLastSync(why, start, dur, total)
 	d.status.Subsystems = subs
 	d.status.Pending = pendingObjs
 	d.status.Failed = failedObjs
@@ -179,7 +178,14 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		d.setCondition(api.CondReady, api.False, "Degraded", failed[0].Error())
 	}
 	d.publishPIA()
-	d.refreshHealth()
+	// Last, with the health it gives, so that whoever sees this sync in
+	// status sees its conditions too (a client waiting for the next sync
+	// read PeersConfigured of the one before).
+	d.mu.Lock()
+	d.setLastSync(why, start, dur, total)
+	healthy := d.healthLocked()
+	d.mu.Unlock()
+	d.metrics.SetReady(healthy)
 	d.labeler.Update(d.snapshot(start, post, devs))
 	if c := d.labeler.Condition(); c.Type != "" {
 		d.metrics.SetCondition(c.Type, c.Status)
@@ -315,13 +321,19 @@ func (d *Daemon) snapshot(at time.Time, post netcfg.Plans, devs []api.WireGuardD
 // failed, a reload was rejected, or a change was rolled back.
 func (d *Daemon) refreshHealth() {
 	d.mu.Lock()
+	healthy := d.healthLocked()
+	d.mu.Unlock()
+	d.metrics.SetReady(healthy)
+}
+
+// healthLocked is refreshHealth with d.mu held; it returns whether the
+// node is ready and not degraded, for the metric.
+func (d *Daemon) healthLocked() bool {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
 	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy)
-	healthy := s.Ready && !s.Degraded
-	d.mu.Unlock()
-	d.metrics.SetReady(healthy)
+	return s.Ready && !s.Degraded
 }
 
 // summary is the one-line STATUS= for systemd.
