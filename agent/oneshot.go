@@ -213,6 +213,11 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) err
 	defer cv.Close()
 	p, err := cv.Teardown(ctx, o.TablesFile)
 	io.WriteString(w, p.String())
+	if err == nil {
+		// And a start-up's staging device that a daemon which died left
+		// behind: it holds the device's key and peers.
+		wg.NewStager(h, log)
+	}
 	// The PIA registrations ran on devices that are gone now; a later
 	// run registers afresh. (Keys and the cached server list stay.)
 	if ferr := pia.StoreAt(o.StateDir).ForgetAll(); ferr != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -185,10 +186,17 @@ func TestApplyOnceWireGuard(t *testing.T) {
 	if err != nil || !strings.Contains(out, "no changes") || !strings.Contains(out, "netlinkWrites=0 wireguardWrites=0") {
 		t.Fatalf("second apply: want no changes and zero writes, got %v:\n%s", err, out)
 	}
+	// A start-up's staging device that a daemon which died left behind.
+	if _, err := node.Host.LinkCreate(host.LinkSpec{Name: "nastg0dead0001", Kind: "wireguard", Group: host.StagingGroup}); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := try("teardown"); err != nil || !strings.Contains(out, "- wireguard wg0 (kernel)") {
 		t.Fatalf("teardown: %v\n%s", err, out)
 	}
 	if out, err := node.TryExec("ip", "link", "show", "wg0"); err == nil {
 		t.Fatalf("wg0 after teardown:\n%s", out)
+	}
+	if out, err := node.TryExec("ip", "link", "show", "nastg0dead0001"); err == nil {
+		t.Fatalf("the leftover staging device after teardown:\n%s", out)
 	}
 }

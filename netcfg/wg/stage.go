@@ -74,6 +74,8 @@ func NewStager(h *host.Host, log *slog.Logger) *Stager {
 			h.Wrote(1)
 			if err := h.NL().LinkDel(link(l.Index)); err != nil {
 				log.Warn("cannot delete a staging device left behind", "link", l.Name, "err", err)
+			} else {
+				log.Info("deleted a staging device left behind", "link", l.Name)
 			}
 		}
 	}
