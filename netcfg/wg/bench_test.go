@@ -107,11 +107,15 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 		start := time.Now()
 		stager = wg.NewStager(ns.Host, nil)
 		p := sync()
+		stageMsgs, stageBound := wg.StageMessages(p.Desired.Devices[0].Stage)
 		stager.Finish()
 		cold := time.Since(start)
 		stageTook := p.Desired.Devices[0].Stage.Took()
 		stager = nil
-		fmt.Printf("cold sync: the staging device's writes took %s, while the register was read; the sync itself: %d write(s) carrying %d peers in %d netlink messages, %s in them\n", stageTook, h.ConfigWrites(), h.PeerWrites(), h.MessageWrites(), h.ConfigTime())
+		fmt.Printf("cold sync: the staging device's writes took %s in %d messages (bound ceil(bytes/page)+1 = %d), while the register was read; the sync itself: %d write(s) carrying %d peers in %d netlink messages, %s in them\n", stageTook, stageMsgs, stageBound, h.ConfigWrites(), h.PeerWrites(), h.MessageWrites(), h.ConfigTime())
+		if stageMsgs > int64(stageBound) {
+			b.Fatalf("the staging device's writer sent %d messages, over ceil(bytes/page)+1 = %d", stageMsgs, stageBound)
+		}
 		if got := strings.Count(p.String(), "peer "); got != n {
 			b.Fatalf("cold sync planned %d peers", got)
 		}

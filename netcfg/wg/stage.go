@@ -91,11 +91,19 @@ type Stage struct {
 	index  int
 	dev    Device // the device fields it was written with; no peers
 
-	mu      sync.Mutex
-	queue   []stagedPeer
-	closed  bool
-	failed  string // why it cannot be used; "" while it can
-	taken   bool
+	mu    sync.Mutex
+	queue []stagedPeer
+	// queued is at most the bytes queue takes in messages (60 for a
+	// peer's key, flags, keepalive and nests, 28 for each IPv4 allowed
+	// IP; more with a preshared key, an endpoint or IPv6). The writer
+	// waits for a page of it, as wg(8) fills a message before it sends
+	// one, so that its messages stay within ceil(bytes/page)+1.
+	queued int
+	closed bool
+	failed string // why it cannot be used; "" while it can
+	taken  bool
+	// msgs is how many messages the writer sent, kept when h is closed.
+	msgs    int64
 	deleted bool
 	wake    chan struct{}
 	done    chan struct{}
@@ -174,6 +182,7 @@ func (st *Stage) Add(p Peer) {
 	st.mu.Lock()
 	if st.failed == "" && !st.closed {
 		st.queue = append(st.queue, stagedPeer{p, ep})
+		st.queued += 60 + 28*len(p.AllowedIPs)
 	}
 	st.mu.Unlock()
 	st.poke()
@@ -219,22 +228,28 @@ func (st *Stage) fail(why string) {
 	st.poke()
 }
 
-// write writes the device's fields, then whatever peers are queued, each
-// time as one packed write, until Close.
+// write writes the device's fields with the first peers, then the peers
+// queued meanwhile, each time as one packed write once a page of them is
+// queued (or no more are coming), until Seal.
 func (st *Stage) write(cfg wgtypes.Config) {
 	defer close(st.done)
 	start := time.Now()
-	defer func() { st.took = time.Since(start) }()
+	defer func() { st.took, st.msgs = time.Since(start), st.h.MessageWrites() }()
 	first := true
+	page := pageLimit()
 	for {
 		st.mu.Lock()
-		batch, closed, failed := st.queue, st.closed, st.failed
-		st.queue = nil
+		closed, failed := st.closed, st.failed
+		ready := closed || st.queued >= page
+		var batch []stagedPeer
+		if ready {
+			batch, st.queue, st.queued = st.queue, nil, 0
+		}
 		st.mu.Unlock()
 		if failed != "" {
 			return
 		}
-		if len(batch) > 0 || first {
+		if ready && (len(batch) > 0 || first) {
 			cfg.Peers = make([]wgtypes.PeerConfig, len(batch))
 			for i, sp := range batch {
 				cfg.Peers[i] = sp.config()
@@ -280,9 +295,8 @@ func (st *Stage) take(h *Handle, o Op, all []Op, ids []int) (int, bool) {
 		return 0, false
 	}
 	st.mu.Lock()
-	st.taken, st.written = true, nil
+	st.taken = true
 	st.mu.Unlock()
-	st.h.Close()
 	return st.index, true
 }
 
@@ -349,11 +363,15 @@ func (st *Stage) Discard() {
 	del := !st.taken && !st.deleted
 	st.deleted = st.deleted || del
 	st.written = nil
+	h := st.h
+	st.h = nil
 	st.mu.Unlock()
+	if h != nil {
+		h.Close()
+	}
 	if !del {
 		return
 	}
-	st.h.Close()
 	st.s.Host.Wrote(1)
 	if err := st.s.Host.NL().LinkDel(link(st.index)); err != nil {
 		st.s.Log.Warn("cannot delete a staging device", "link", st.name, "err", err)

@@ -120,6 +120,11 @@ func TestStagedCreation(t *testing.T) {
 	if _, err := ns.NL.LinkByName("wg0"); err == nil {
 		t.Fatal("wg0 exists before the sync")
 	}
+	if sent, bound := wg.StageMessages(dev.Stage); sent > int64(bound) || sent == 0 {
+		t.Errorf("the staging device's writer sent %d messages; want 1 to %d (ceil(bytes/page)+1)", sent, bound)
+	} else {
+		t.Logf("the staging device's writer sent %d messages (bound %d)", sent, bound)
+	}
 	cv := &netcfg.Converger{Host: ns.Host}
 	defer cv.Close()
 	p, err := cv.Plan(ctx, des)
