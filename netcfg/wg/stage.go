@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -347,9 +346,9 @@ func (sp stagedPeer) config() wgtypes.PeerConfig {
 // same reports whether the add op a writes what sp wrote: peerConfig
 // writes an add from these fields alone.
 func (sp stagedPeer) same(a *Op) bool {
-	p, q := sp.p, a.Peer
-	return a.Kind == OpAddPeer && a.PeerID == p.PublicKey && q.PublicKey == p.PublicKey && a.Endpoint == sp.ep &&
-		q.Keepalive == p.Keepalive && q.PresharedKey == p.PresharedKey && slices.Equal(q.AllowedIPs, p.AllowedIPs)
+	p := sp.p
+	return a.Kind == OpAddPeer && a.PeerID == p.PublicKey && a.Peer.PublicKey == p.PublicKey && a.Endpoint == sp.ep &&
+		settingsDiffer(a.Peer, p.Keepalive, p.PresharedKey, p.AllowedIPs) == 0
 }
 
 // Discard deletes the stage device unless a sync took it.
