@@ -325,7 +325,7 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 		dev.Broken = "no private key yet (the PIA provider keeps it under the state directory)"
 	} else if w.PrivateKeyFile == "" {
 		dev.Broken = "no privateKeyFile"
-	} else if k, err := wg.ReadKeyFile(w.PrivateKeyFile); err != nil {
+	} else if k, err := wg.ReadPrivateKeyFile(w.PrivateKeyFile); err != nil {
 		dev.Broken = fmt.Sprintf("private key: %v", err)
 	} else {
 		dev.PrivateKey = k

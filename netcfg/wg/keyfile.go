@@ -28,3 +28,10 @@ func ReadKeyFile(path string) (Key, error) {
 	}
 	return k, nil
 }
+
+// ReadPrivateKeyFile reads a private key as ReadKeyFile does, clamped
+// (Key.Clamped): as the device will hold it.
+func ReadPrivateKeyFile(path string) (Key, error) {
+	k, err := ReadKeyFile(path)
+	return k.Clamped(), err
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -256,6 +257,49 @@ func TestTunnelBetweenNamespaces(t *testing.T) {
 			if out, err := a.TryExec("ip", "link", "show", na); err == nil {
 				t.Errorf("%s still exists after removal from config:\n%s", na, out)
 			}
+		})
+	}
+}
+
+// TestUnclampedPrivateKey: a private key file holding 32 random bytes
+// that wg genkey would have clamped (`head -c 32 /dev/urandom | base64`)
+// is taken as the device holds it. The device converges once and the
+// next sync writes nothing; before, every poll saw the key read back
+// clamped, "repaired" it, and logged a drift repair twice a second.
+func TestUnclampedPrivateKey(t *testing.T) {
+	for _, impl := range impls(t) {
+		t.Run(impl, func(t *testing.T) {
+			l := newLab(t)
+			ns := testenv.NewNetNS(t)
+			var raw [32]byte
+			rand.Read(raw[:])
+			raw[0] |= 7     // low bits set: clamping clears them
+			raw[31] |= 0x80 // top bit set: clamping clears it
+			b64 := base64.StdEncoding.EncodeToString(raw[:])
+			l.secrets = append(l.secrets, b64)
+			keyFile := filepath.Join(l.dir, "raw.key")
+			if err := os.WriteFile(keyFile, []byte(b64+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, peer := l.key("peer")
+			name := devName("wgc")
+			d := l.desired(tunnelYAML(name, impl, keyFile, 51830, "10.98.0.1/24", peer, "10.98.0.2/32", "198.18.0.2:51831", ""))
+			h := l.handle(ns)
+			l.sync(h, d, false)
+			pub := wgtypes.Key(raw).PublicKey()
+			if got := strings.TrimSpace(ns.Exec(t, "wg", "show", name, "public-key")); got != pub.String() {
+				t.Errorf("wg show %s public-key = %s; want %s, the key file's", name, got, pub)
+			}
+			writes, cfg := h.Host.Writes(), h.ConfigWrites()
+			for i := 0; i < 3; i++ {
+				if p, _ := l.sync(h, d, false); !p.Empty() {
+					t.Errorf("sync %d after the first: plan %q; want none", i+2, p)
+				}
+			}
+			if h.Host.Writes() != writes || h.ConfigWrites() != cfg {
+				t.Errorf("3 syncs after converging: %d netlink and %d WireGuard writes; want none", h.Host.Writes()-writes, h.ConfigWrites()-cfg)
+			}
+			l.checkNoSecrets()
 		})
 	}
 }

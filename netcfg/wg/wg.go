@@ -60,6 +60,21 @@ func (k Key) IsZero() bool { return k == Key{} }
 // PublicKey returns the public key of a private key.
 func (k Key) PublicKey() wgtypes.Key { return wgtypes.Key(k).PublicKey() }
 
+// Clamped is private key k as the kernel and wireguard-go hold it: both
+// clamp the key they are given (curve25519: the low three bits cleared,
+// the top bit cleared and the next one set), as wg genkey does before it
+// prints one. A key that was not (32 random bytes in base64) names the
+// same public key but reads back different from what was written, so
+// unclamped it would be drift on every observation.
+func (k Key) Clamped() Key {
+	if k.IsZero() {
+		return k
+	}
+	k[0] &= 248
+	k[31] = (k[31] & 127) | 64
+	return k
+}
+
 // ParseKey decodes a key as wg genkey writes it (base64, surrounding white
 // space ignored). The error never repeats the text.
 func ParseKey(s string) (Key, error) { return parseKey(strings.TrimSpace(s)) }

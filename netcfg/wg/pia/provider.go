@@ -149,7 +149,7 @@ func ReadBoot(cfg Config) Boot {
 	var errs []error
 	var err error
 	if cfg.KeyFile != "" {
-		b.Key, err = wg.ReadKeyFile(cfg.KeyFile)
+		b.Key, err = wg.ReadPrivateKeyFile(cfg.KeyFile)
 	} else {
 		b.Key, err = cfg.Store.Key(cfg.Device)
 	}

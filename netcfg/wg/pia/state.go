@@ -169,7 +169,7 @@ func (s Store) ForgetAll() error {
 // first time.
 func (s Store) Key(dev string) (wg.Key, error) {
 	p := s.path(dev, ".key")
-	k, err := wg.ReadKeyFile(p)
+	k, err := wg.ReadPrivateKeyFile(p)
 	if err == nil {
 		return k, nil
 	}
@@ -179,9 +179,7 @@ func (s Store) Key(dev string) (wg.Key, error) {
 	if _, err := rand.Read(k[:]); err != nil {
 		return wg.Key{}, err
 	}
-	// Clamp as wg genkey does (curve25519).
-	k[0] &= 248
-	k[31] = (k[31] & 127) | 64
+	k = k.Clamped() // as wg genkey does
 	if err := s.mkdir(); err != nil {
 		return wg.Key{}, err
 	}
@@ -194,7 +192,7 @@ func (s Store) Key(dev string) (wg.Key, error) {
 
 // PeekKey reads dev's generated key without generating one.
 func (s Store) PeekKey(dev string) (wg.Key, error) {
-	return wg.ReadKeyFile(s.path(dev, ".key"))
+	return wg.ReadPrivateKeyFile(s.path(dev, ".key"))
 }
 
 // listPath is where the list of url is cached.
