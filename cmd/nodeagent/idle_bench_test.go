@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,11 @@ import (
 // (which reads the register whole, see below). Targets: at most 1 % of
 // one core, RSS at most 60 MiB. Run with -benchtime=1x; IDLE_SECONDS
 // shortens the window.
+//
+// With the userspace device the same run also measures wireguard-go by
+// itself, holding the same peers in a namespace of its own
+// (testenv/cmd/wgfloor), over the same window: the memory the embedded
+// device needs whatever the daemon around it does.
 func BenchmarkIdleDaemon5000Peers(b *testing.B) {
 	testenv.RequireRoot(b)
 	impl := "userspace"
@@ -99,12 +105,30 @@ func BenchmarkIdleDaemon5000Peers(b *testing.B) {
 			}
 			cancel()
 		}
+		var floor *exec.Cmd
+		if impl == "userspace" {
+			floor = startFloor(b, k, reg)
+			defer func() { floor.Process.Signal(syscall.SIGTERM); floor.Wait() }()
+		}
 		time.Sleep(5 * time.Second)
 		pid := cmd.Process.Pid
 		cpu0, run0, at0 := cpuTicks(b, pid), runNanos(b, pid), time.Now()
+		var fcpu0 int64
+		if floor != nil {
+			fcpu0 = cpuTicks(b, floor.Process.Pid)
+		}
 		time.Sleep(window)
 		cpu1, run1, at1 := cpuTicks(b, pid), runNanos(b, pid), time.Now()
 		rssKiB, hwmKiB, anonKiB := memKiB(b, pid, "VmRSS"), memKiB(b, pid, "VmHWM"), memKiB(b, pid, "RssAnon")
+		if floor != nil {
+			fpid := floor.Process.Pid
+			fshare := float64(cpuTicks(b, fpid)-fcpu0) / clockTicks / at1.Sub(at0).Seconds() * 100
+			frss, fanon := memKiB(b, fpid, "VmRSS"), memKiB(b, fpid, "RssAnon")
+			b.ReportMetric(float64(frss)/1024, "wggo-rss-MiB")
+			b.ReportMetric(float64(rssKiB)/float64(frss), "rss/wggo")
+			fmt.Printf("\nwireguard-go alone (testenv/cmd/wgfloor), the same %d peers, up and idle over the same window: RSS %.1f MiB (%.1f MiB anonymous), CPU %.2f %% of one core; the daemon's RSS is %.2fx that\n",
+				peers, float64(frss)/1024, float64(fanon)/1024, fshare, float64(rssKiB)/float64(frss))
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		after, err := c.Status(ctx)
 		cancel()
@@ -185,4 +209,61 @@ func memKiB(tb testing.TB, pid int, field string) int {
 	}
 	n, _ := strconv.Atoi(string(m[1]))
 	return n
+}
+
+// startFloor runs testenv/cmd/wgfloor in a namespace of its own: a
+// wireguard-go device with key and the peers of the register reg (their
+// keys and allowed IPs, as the daemon's device has them), and nothing
+// else. It returns once the device is up.
+func startFloor(b *testing.B, key wgtypes.Key, reg string) *exec.Cmd {
+	b.Helper()
+	dir := b.TempDir()
+	bin := filepath.Join(dir, "wgfloor")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../testenv/cmd/wgfloor").CombinedOutput(); err != nil {
+		b.Fatalf("build wgfloor: %v\n%s", err, out)
+	}
+	files, err := filepath.Glob(filepath.Join(reg, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		b.Fatalf("register %s: %d files, %v", reg, len(files), err)
+	}
+	var uapi strings.Builder
+	fmt.Fprintf(&uapi, "private_key=%x\nlisten_port=51820\nreplace_peers=true\n", key[:])
+	entry := regexp.MustCompile(`publicKey: (\S+)\nallowedIPs: \[(\S+)\]`)
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := entry.FindSubmatch(raw)
+		if m == nil {
+			b.Fatalf("%s: not a register entry testenv.WriteRegister writes", f)
+		}
+		pk, err := wgtypes.ParseKey(string(m[1]))
+		if err != nil {
+			b.Fatalf("%s: %v", f, err)
+		}
+		fmt.Fprintf(&uapi, "public_key=%x\nallowed_ip=%s\n", pk[:], m[2])
+	}
+	conf := filepath.Join(dir, "peers.uapi")
+	if err := os.WriteFile(conf, []byte(uapi.String()), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	ns := testenv.NewNetNS(b)
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, bin, "-name", "wgfloor0", "-conf", conf)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		b.Fatalf("wgfloor did not come up: %v %q; %.2048s", err, line, stderr.String())
+	}
+	return cmd
 }
