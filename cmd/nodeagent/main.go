@@ -228,6 +228,7 @@ const daemonGCPercent = 50
 func runDaemon(ctx context.Context, log *slog.Logger, o agent.RunOptions) error {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(daemonGCPercent)
+		tuneGC()
 	}
 	o.Log = log
 	d, err := agent.NewDaemon(o)
