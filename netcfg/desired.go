@@ -343,9 +343,9 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 	nStatic := 0
 	convert := func(peers []register.Peer) {
 		for _, rp := range peers {
-			where := fmt.Sprintf("%s:%d", rp.File, rp.Line)
+			static := -1
 			if rp.File == "" {
-				where = fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, nStatic)
+				static = nStatic
 				nStatic++
 			}
 			if rp.Peer.PresharedKeyFile != "" {
@@ -353,6 +353,10 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 			}
 			p, err := wgPeerFromConfig(rp)
 			if err != nil {
+				where := fmt.Sprintf("%s:%d", rp.File, rp.Line)
+				if static >= 0 {
+					where = fmt.Sprintf("%s: wireguard[%d].peers[%d]", file, i, static)
+				}
 				convErrs = append(convErrs, fmt.Errorf("%s: %v", where, err))
 				continue
 			}

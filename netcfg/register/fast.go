@@ -19,9 +19,19 @@ import (
 // FuzzFastPath compare the two).
 
 // fastKeys are the fields the fast path reads.
-var fastKeys = map[string]bool{
-	"name": true, "description": true, "publicKey": true, "presharedKeyFile": true,
-	"endpoint": true, "allowedIPs": true, "persistentKeepalive": true,
+var fastKeys = [...]string{"name", "description", "publicKey", "presharedKeyFile",
+	"endpoint", "allowedIPs", "persistentKeepalive"}
+
+// fastField is the field b names, as one of fastKeys' strings (a file's
+// keys are not copied), and its index there; -1 if the fast path does not
+// read it.
+func fastField(b []byte) (string, int) {
+	for i, k := range fastKeys {
+		if string(b) == k {
+			return k, i
+		}
+	}
+	return "", -1
 }
 
 // fastYAMLPeer reads data as the fast path's subset of YAML.
@@ -35,7 +45,7 @@ func fastYAMLPeer(file string, data []byte) (peer config.WGPeer, line int, pf *c
 		}
 	}
 	lines := config.Lines{}
-	seen := map[string]bool{}
+	var seen uint
 	n := 0
 	for len(data) > 0 {
 		n++
@@ -52,11 +62,12 @@ func fastYAMLPeer(file string, data []byte) (peer config.WGPeer, line int, pf *c
 		if colon <= 0 {
 			return peer, 0, nil, false
 		}
-		key, val := string(l[:colon]), l[colon+2:]
-		if !fastKeys[key] || seen[key] || len(val) == 0 {
+		key, k := fastField(l[:colon])
+		val := l[colon+2:]
+		if k < 0 || seen&(1<<k) != 0 || len(val) == 0 {
 			return peer, 0, nil, false
 		}
-		seen[key] = true
+		seen |= 1 << k
 		if line == 0 {
 			line = n
 		}
@@ -119,9 +130,17 @@ func plainToken(v []byte) bool {
 		}
 	}
 	switch v[0] {
-	case '-', ':', '.', '+':
-		// "-x" may be a list item, ":x" a key, ".5" or "+5" a number.
+	case '-', ':', '.':
+		// "-x" may be a list item, ":x" a key, ".5" a number.
 		return false
+	case '+':
+		// "+5", "+0x1F", "+1_000" and "+.inf" are numbers to YAML, but
+		// nothing YAML reads as other than a string holds a '=' or a '/':
+		// so a key (base64, one in 64 of which begins with '+') is a
+		// string.
+		if !bytes.ContainsAny(v, "=/") {
+			return false
+		}
 	}
 	if v[len(v)-1] == ':' {
 		return false
@@ -146,16 +165,24 @@ func plainText(v []byte) bool {
 	return !yamlSpecial(string(v))
 }
 
+// yamlWords are the words YAML reads as null or a boolean (YAML 1.1's
+// too), or as infinity or not a number, in any case.
+var yamlWords = [...]string{"null", "~", "true", "false", "yes", "no", "on", "off", "y", "n", ".inf", ".nan"}
+
 // yamlSpecial reports whether YAML would read s as something other than
 // a string: null, a boolean (YAML 1.1's words too), or a number.
 func yamlSpecial(s string) bool {
-	switch strings.ToLower(s) {
-	case "null", "~", "true", "false", "yes", "no", "on", "off", "y", "n", ".inf", ".nan":
-		return true
+	if len(s) <= 5 {
+		for _, w := range yamlWords {
+			if strings.EqualFold(s, w) {
+				return true
+			}
+		}
 	}
 	// Only what can start a number goes to strconv (whose errors
-	// allocate): a digit, a sign, a point, or inf/nan; never a prefix.
-	if s == "" || strings.ContainsAny(s, "/:") {
+	// allocate): a digit, a sign, a point, or inf/nan; never a prefix,
+	// nor anything with a character no number holds.
+	if s == "" || strings.ContainsAny(s, "/:=") {
 		return false
 	}
 	if c := s[0]; !(c >= '0' && c <= '9' || strings.IndexByte("+-.iInN", c) >= 0) {

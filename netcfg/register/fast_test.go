@@ -52,7 +52,12 @@ var fastSeeds = []string{
 	"\n\npublicKey: " + fastKey + "\n\nallowedIPs: []\n",
 	"publicKey: " + fastKey + "\nallowedIPs: [10.90.0.2/32,10.90.1.0/24]\npresharedKeyFile: /etc/nodeagent/keys/alice.psk\n",
 	"allowedIPs: [10.90.0.2/32]\npublicKey: " + fastKey,
+	"publicKey: +" + fastKey[1:] + "\nallowedIPs: [10.90.0.3/32]\n",
 	// Not for the fast path: the full parser decides.
+	"publicKey: +5\n",
+	"endpoint: +.inf\npublicKey: " + fastKey + "\n",
+	"endpoint: +1_000\npublicKey: " + fastKey + "\n",
+	"endpoint: +0x1F\npublicKey: " + fastKey + "\n",
 	"publicKey: \"" + fastKey + "\"\nallowedIPs: [10.90.0.2/32]\n",
 	"publicKey: " + fastKey + "\nallowedIPs:\n  - 10.90.0.2/32\n",
 	"publicKey: " + fastKey + "\nallowedIPs: [10.90.0.2/32] # phone\n",
@@ -77,8 +82,8 @@ func TestFastPathMatches(t *testing.T) {
 			taken++
 		}
 	}
-	if taken != 5 {
-		t.Errorf("the fast path took %d of the seeds, want the 5 common ones", taken)
+	if taken != 6 {
+		t.Errorf("the fast path took %d of the seeds, want the 6 common ones", taken)
 	}
 }
 
