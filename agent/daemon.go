@@ -125,6 +125,8 @@ type Daemon struct {
 	// piaDevices are pia's names, which the WireGuard poll reads every time.
 	piaDevices map[string]bool
 	piaEv      chan pia.Event
+	// pollCost is what the WireGuard poll's last digest-only polls cost.
+	pollCost pollCosts
 	// hookEv carries finished onChange runs back to the loop.
 	hookEv chan hookResult
 

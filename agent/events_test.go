@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/binary"
+	"runtime"
 	"testing"
 	"time"
 
@@ -63,6 +64,47 @@ func TestPollInterval(t *testing.T) {
 		if got := pollInterval(c.base, c.cost); got != c.want {
 			t.Errorf("pollInterval(%v, %v) = %v; want %v", c.base, c.cost, got, c.want)
 		}
+	}
+}
+
+// TestPollCosts: the interval follows the cheapest of the last four
+// digest-only polls, so one slow poll among cheap ones does not stretch
+// it, while a device whose digest became dear is priced within four.
+func TestPollCosts(t *testing.T) {
+	const base = 500 * time.Millisecond
+	var c pollCosts
+	ms := time.Millisecond
+	for i, step := range []struct{ cost, want time.Duration }{
+		{100 * time.Microsecond, base},
+		{10 * ms, base}, // one stall: still the cheap poll's price
+		{100 * time.Microsecond, base},
+		{50 * ms, base},
+		{50 * ms, base},
+		{50 * ms, base}, // the cheap poll is still among the last four
+		{50 * ms, 25 * time.Second},
+		{2 * ms, time.Second}, // cheaper again: at once
+	} {
+		if got := pollInterval(base, c.add(step.cost)); got != step.want {
+			t.Errorf("poll %d (cost %v): interval %v; want %v", i, step.cost, got, step.want)
+		}
+	}
+}
+
+// TestThreadCPU: the poll's clock counts this thread's work, not its
+// waits.
+func TestThreadCPU(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t0 := threadCPU()
+	time.Sleep(50 * time.Millisecond)
+	slept := threadCPU() - t0
+	t1 := threadCPU()
+	deadline := time.Now().Add(10 * time.Second)
+	for threadCPU()-t1 < 20*time.Millisecond && time.Now().Before(deadline) {
+	}
+	spun := threadCPU() - t1
+	if t0 <= 0 || slept > 10*time.Millisecond || spun < 20*time.Millisecond {
+		t.Errorf("thread CPU %v at start; %v over a 50 ms sleep; %v over up to 10 s of work", t0, slept, spun)
 	}
 }
 

@@ -3,8 +3,11 @@ package agent
 import (
 	"context"
 	"os"
+	"runtime"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -156,8 +159,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			if every > d.o.Resync/2 {
 				// Stretched past half the resync period, a poll would
 				// run once between two resyncs, each of which reads every
-				// device anyway: leave drift to the resync.
-				every = d.o.Resync
+				// device anyway: leave drift to the resync, and poll only
+				// now and then to price the digests again (a device
+				// whose peers went makes the poll worth its while again).
+				every = repricePolls * d.o.Resync
 			}
 			if every > 0 {
 				pollEvery = every
@@ -199,9 +204,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				d.log.Warn("sync failed; retrying", "in", backoff, "err", err)
 			} else {
 				d.failures = 0
-				if why != trigPeers {
+				if why != trigPeers && pollEvery <= d.o.Resync/2 {
 					// The sync read every device: the next poll is one
-					// interval after it began.
+					// interval after it began. (A poll left to the
+					// resyncs keeps its own slow schedule.)
 					wgPoll.Reset(max(pollEvery-time.Since(began), time.Millisecond))
 				}
 			}
@@ -215,7 +221,8 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 // (the kernel sends no event when someone runs `wg set`). A device whose
 // digest has not moved since a poll found it converged is not read, so
 // with thousands of peers and nothing changing a poll walks no peer; PIA
-// devices (a peer each) are read on every poll.
+// devices (a peer each) are read on every poll. every is the next
+// interval, or 0 to keep the current one.
 func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.Duration) {
 	if len(d.desired.WG.Devices) == 0 {
 		return false, false, 0
@@ -224,19 +231,31 @@ func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.D
 	if len(d.pia) > 0 {
 		des = d.converging()
 	}
-	start := time.Now()
+	// The poll's cost is the CPU time of this thread, where the digests'
+	// dumps are made and read (the kernel's share included), not the time
+	// it took: a poll that waited for a busy CPU cost nothing meanwhile.
+	runtime.LockOSThread()
+	cpu0 := threadCPU()
 	p, looked, err := d.cv.PollWG(ctx, des, d.piaDevices)
+	cost := threadCPU() - cpu0
+	runtime.UnlockOSThread()
 	if err != nil {
 		return false, false, 0
 	}
 	if !looked {
 		// Only digests were read: that cost sets the interval.
-		return false, false, pollInterval(d.o.WGPoll, time.Since(start))
+		return false, false, pollInterval(d.o.WGPoll, d.pollCost.add(cost))
 	}
 	if len(d.pia) > 0 && d.stepPIA(ctx, p.Observed) {
 		return true, false, 0
 	}
-	return false, p.Writes(), 0
+	if p.Writes() {
+		// Someone is changing the devices: look again soon, whatever the
+		// digests cost, so a second change is not left for a stretched
+		// interval.
+		return false, true, d.o.WGPoll
+	}
+	return false, false, 0
 }
 
 // pollBudget is the share of one core the WireGuard poll may take when
@@ -249,6 +268,9 @@ func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.D
 const (
 	pollBudget = 500
 	maxPoll    = DefaultResync
+	// repricePolls is, in resync periods, how often a poll left to the
+	// resyncs still runs, to price the digests again.
+	repricePolls = 4
 )
 
 // pollInterval is the WireGuard poll's next interval after a poll that
@@ -256,6 +278,37 @@ const (
 // most 1/pollBudget of a core, up to maxPoll.
 func pollInterval(base, cost time.Duration) time.Duration {
 	return min(max(base, cost*pollBudget), max(base, maxPoll))
+}
+
+// pollCosts holds what the last few digest-only polls cost. The interval
+// is set from the cheapest of them: one poll that ran long (a collection
+// it paid for, a cold cache, an emulator's stall) does not stretch the
+// interval for minutes, while a device that grew is priced within a few
+// polls.
+type pollCosts struct {
+	last [4]time.Duration
+	n    int
+}
+
+// add records cost and returns the smallest of the costs held.
+func (c *pollCosts) add(cost time.Duration) time.Duration {
+	c.last[c.n%len(c.last)] = cost
+	c.n++
+	low := cost
+	for _, v := range c.last[:min(c.n, len(c.last))] {
+		low = min(low, v)
+	}
+	return low
+}
+
+// threadCPU is the CPU time the calling thread has used, user and
+// system; 0 if the clock cannot be read.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 // converging is the desired state a sync converges to: the config's, with each
