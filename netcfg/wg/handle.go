@@ -57,6 +57,9 @@ type Handle struct {
 	kernel       bool      // the kernel has WireGuard (cached once seen)
 	kernelAsked  time.Time // when a "no" was last asked
 	cache        map[string]resolution
+	// peersSeen is how many peers each kernel device had when last read,
+	// so the next read's map is made that size rather than grown to it.
+	peersSeen map[string]int
 
 	configWrites atomic.Int64
 	peerWrites   atomic.Int64

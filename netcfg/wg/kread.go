@@ -29,7 +29,7 @@ func (h *Handle) readKernel(name string) (kd kernelDevice, exists bool, err erro
 	if err != nil {
 		return kernelDevice{}, false, err
 	}
-	kd.peers = map[wgtypes.Key]ObservedPeer{}
+	kd.peers = make(map[wgtypes.Key]ObservedPeer, h.peersSeen[name])
 	var sum uint64
 	var seen, have uint32
 	exists, err = g.dump(name, func(m []byte) bool {
@@ -77,6 +77,10 @@ func (h *Handle) readKernel(name string) (kd kernelDevice, exists bool, err erro
 		}
 	}
 	kd.digest = Digest{Sum: sum, Exists: true}
+	if h.peersSeen == nil {
+		h.peersSeen = map[string]int{}
+	}
+	h.peersSeen[name] = len(kd.peers)
 	return kd, true, nil
 }
 

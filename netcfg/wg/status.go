@@ -1,6 +1,8 @@
 package wg
 
 import (
+	"cmp"
+	"encoding/binary"
 	"net/netip"
 	"slices"
 	"strings"
@@ -56,9 +58,45 @@ func (d DeviceState) LivePeers() int {
 	return n
 }
 
-type keyedPeer struct {
-	key string
-	k   wgtypes.Key
+// orderedKey is a peer's key with its textOrder.
+type orderedKey struct {
+	o uint64
+	k wgtypes.Key
+}
+
+// textOrder orders keys as their text (base64, as wg(8) prints them)
+// sorts, without encoding them: its bits are the key's first ten base64
+// digits, each as its character's place among base64's characters in
+// byte order. Keys whose first ten digits agree (one pair in 2^60) are
+// ordered by their text.
+func textOrder(k *wgtypes.Key) uint64 {
+	x := binary.BigEndian.Uint64(k[:8])
+	var o uint64
+	for i := range 10 {
+		o = o<<6 | uint64(b64Rank[x>>(58-6*i)&63])
+	}
+	return o
+}
+
+// b64Rank is each base64 digit's character's place in byte order among
+// the alphabet's ('+' < '/' < '0'-'9' < 'A'-'Z' < 'a'-'z').
+var b64Rank = func() (r [64]byte) {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	for v := range 64 {
+		for _, c := range []byte(alphabet) {
+			if c < alphabet[v] {
+				r[v]++
+			}
+		}
+	}
+	return r
+}()
+
+func compareOrdered(a, b orderedKey) int {
+	if c := cmp.Compare(a.o, b.o); c != 0 {
+		return c
+	}
+	return strings.Compare(a.k.String(), b.k.String())
 }
 
 // States summarises the desired devices of p as observed, with the
@@ -73,13 +111,13 @@ func States(p Plan) []DeviceState {
 		}
 		if od, ok := p.Observed.Devices[d.Name]; ok && od.Impl != "" {
 			ds.Impl, ds.PublicKey, ds.ListenPort = od.Impl, od.PublicKey, od.ListenPort
-			// Listed by the key as wg(8) prints it, each encoded once (not
-			// twice per comparison), and sorted as small pairs.
-			byKey := make([]keyedPeer, 0, len(od.Peers))
+			// Listed by the key as wg(8) prints it, without encoding
+			// one (textOrder).
+			byKey := make([]orderedKey, 0, len(od.Peers))
 			for k := range od.Peers {
-				byKey = append(byKey, keyedPeer{k.String(), k})
+				byKey = append(byKey, orderedKey{textOrder(&k), k})
 			}
-			slices.SortFunc(byKey, func(a, b keyedPeer) int { return strings.Compare(a.key, b.key) })
+			slices.SortFunc(byKey, compareOrdered)
 			if len(byKey) > 0 {
 				ds.Peers = make([]PeerState, len(byKey))
 				for i, kp := range byKey {
