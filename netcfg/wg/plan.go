@@ -161,10 +161,19 @@ func planPeers(ops []Op, d Device, od ObservedDevice, o Observed) []Op {
 	for _, p := range d.Peers {
 		want[p.PublicKey] = true
 	}
-	for _, k := range slices.SortedFunc(maps.Keys(od.Peers), func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) }) {
-		if !want[k] && !d.KeepPeers {
-			ops = append(ops, Op{Kind: OpRemovePeer, Device: d.Name, PeerID: k})
+	// The peers to remove, in key order (only they are sorted: with
+	// thousands of peers and nothing to remove there is nothing to sort).
+	var gone []wgtypes.Key
+	if !d.KeepPeers {
+		for k := range od.Peers {
+			if !want[k] {
+				gone = append(gone, k)
+			}
 		}
+	}
+	slices.SortFunc(gone, func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) })
+	for _, k := range gone {
+		ops = append(ops, Op{Kind: OpRemovePeer, Device: d.Name, PeerID: k})
 	}
 	for _, p := range d.Peers {
 		var ep netip.AddrPort

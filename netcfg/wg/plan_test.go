@@ -1,7 +1,9 @@
 package wg
 
 import (
+	"bytes"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,17 @@ func testKey(b byte) Key {
 }
 
 func pub(b byte) wgtypes.Key { return testKey(b).PublicKey() }
+
+// removals is the plan text of removing peers ks from wg0, in the order
+// of their keys' bytes.
+func removals(ks ...wgtypes.Key) string {
+	slices.SortFunc(ks, func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) })
+	var s strings.Builder
+	for _, k := range ks {
+		s.WriteString("- wireguard wg0 peer " + k.String() + "\n")
+	}
+	return s.String()
+}
 
 func TestMakePlan(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -112,6 +125,11 @@ func TestMakePlan(t *testing.T) {
 			})),
 			"~ wireguard wg0 mtu 1420 -> 1380\n+ address 10.90.0.1/25 on wg0\n- address 10.90.0.1/24 on wg0\n~ wireguard wg0 down -> up\n"},
 		{"removed device is deleted", nil, obs(wg0obs), "- wireguard wg0 (kernel)\n"},
+		{"peers gone are removed in key order", []Device{with(wg0, func(d *Device) { d.Peers = nil })}, obs(withObs(wg0obs, func(od *ObservedDevice) {
+			for _, b := range []byte{9, 5, 7} {
+				od.Peers[pub(b)] = ObservedPeer{PublicKey: pub(b)}
+			}
+		})), removals(pub(2), pub(3), pub(5), pub(7), pub(9))},
 		{"foreign WireGuard device is a conflict", []Device{wg0}, obs(withObs(wg0obs, func(o *ObservedDevice) { o.Owned = false })),
 			"! wireguard wg0: exists and was not created by nodeagent; left untouched (set adopt: true to take it over)\n"},
 		{"foreign device is never deleted", nil, obs(withObs(wg0obs, func(o *ObservedDevice) { o.Owned = false })), ""},
