@@ -145,23 +145,35 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 			b.Fatal(err)
 		}
 		cv := &netcfg.Converger{Host: ns.Host}
-		time.Sleep(20 * time.Millisecond)
 		changedFile := filepath.Join(reg, "peer00007.yaml")
-		os.WriteFile(changedFile, []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [10.201.0.7/32]\n", peers[7].pub)), 0o644)
-		start = time.Now()
-		_, fastOps, rep, err := cv.ApplyPeerFiles(context.Background(), c0, fullDes, []string{changedFile}, cache)
-		fast := time.Since(start)
-		if err != nil || rep.Err() != nil {
-			b.Fatalf("one file applied on its own: %v %v", err, rep.Err())
+		// Best of five, as wg set's figure below is: each a new allowed
+		// IP for the same file, applied on its own.
+		var fast time.Duration
+		var fastPeers int64
+		for j := 0; j < 5; j++ {
+			time.Sleep(20 * time.Millisecond)
+			ip := fmt.Sprintf("10.201.%d.7/32", j)
+			os.WriteFile(changedFile, []byte(fmt.Sprintf("publicKey: %s\nallowedIPs: [%s]\n", peers[7].pub, ip)), 0o644)
+			w0 := cv.WG().PeerWrites()
+			start = time.Now()
+			next, fastOps, rep, err := cv.ApplyPeerFiles(context.Background(), c0, fullDes, []string{changedFile}, cache)
+			e := time.Since(start)
+			fullDes = next // as the daemon keeps it
+			if err != nil || rep.Err() != nil {
+				b.Fatalf("one file applied on its own: %v %v", err, rep.Err())
+			}
+			if j == 0 || e < fast {
+				fast = e
+			}
+			fastPeers = cv.WG().PeerWrites() - w0
+			if fastPeers != 1 || len(fastOps) != 1 {
+				b.Fatalf("one file applied on its own wrote %d peers (%d ops)", fastPeers, len(fastOps))
+			}
+			if out := ns.Exec(b, "wg", "show", "wg0", "allowed-ips"); !strings.Contains(out, peers[7].pub.String()+"\t"+ip) {
+				b.Fatal("the changed peer is not in the kernel as written")
+			}
 		}
-		fastPeers := cv.WG().PeerWrites()
 		cv.Close()
-		if fastPeers != 1 || len(fastOps) != 1 {
-			b.Fatalf("one file applied on its own wrote %d peers (%d ops)", fastPeers, len(fastOps))
-		}
-		if out := ns.Exec(b, "wg", "show", "wg0", "allowed-ips"); !strings.Contains(out, peers[7].pub.String()+"\t10.201.0.7/32") {
-			b.Fatal("the changed peer is not in the kernel as written")
-		}
 		writes, cw := ns.Host.Writes(), h.ConfigWrites()
 		var noop time.Duration
 		for j := 0; j < 5; j++ {
@@ -320,7 +332,7 @@ func BenchmarkRegister5000Peers(b *testing.B) {
 			"  nodeagent (read+validate %d files, plan, write)  %8.1f ms   %.2fx wg syncconf (target <= 1.2x)\n"+
 			"  the same unstaged (read, then plan, then write)  %8.1f ms   %.2fx wg syncconf\n"+
 			"  wg syncconf (one file)                           %8.1f ms   (ip netns exec cost %.1f ms subtracted)\n"+
-			"one peer file changed, as the daemon applies it (fsnotify names the file): nodeagent %.2f ms writing %d peer(s)   %.2fx wg set of that peer (target <= 1.5x)\n"+
+			"one peer file changed, as the daemon applies it (fsnotify names the file): nodeagent %.2f ms writing %d peer(s) (best of 5)   %.2fx wg set of that peer (target <= 1.5x)\n"+
 			"  wg set wg0 peer KEY allowed-ips ...                                      %.2f ms   (best of 5, less the best ip netns exec)\n"+
 			"one peer changed, full sync (config and register re-read through the cache, observe, plan): nodeagent %.1f ms writing %d peer(s); wg syncconf %.1f ms\n"+
 			"no-op sync: nodeagent %.1f ms (observe + plan, the desired state in memory, as on a kernel event), %.1f ms re-reading the register (cached) too; %d writes (target 0); wg syncconf %.1f ms\n\n",
