@@ -7,10 +7,9 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg"
+	"golang.org/x/sys/unix"
 )
 
 // trigger is why a sync runs.
