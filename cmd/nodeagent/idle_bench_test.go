@@ -53,7 +53,7 @@ func BenchmarkIdleDaemon5000Peers(b *testing.B) {
 		k, _ := wgtypes.GeneratePrivateKey()
 		os.WriteFile(key, []byte(k.String()+"\n"), 0o600)
 		reg := filepath.Join(dir, "peers.d")
-		testenv.WriteRegister(b, reg, peers)
+		written := testenv.WriteRegister(b, reg, peers)
 		dev := "wgidle" + node.Name[len(node.Name)-4:]
 		cfg := filepath.Join(dir, "nodeagent.yaml")
 		os.WriteFile(cfg, []byte(fmt.Sprintf("wireguard:\n  - name: %s\n    implementation: %s\n    privateKeyFile: %s\n    listenPort: 51820\n    addresses: [10.90.0.1/16]\n    peersDir: %s\n", dev, impl, key, reg)), 0o600)
@@ -107,7 +107,7 @@ func BenchmarkIdleDaemon5000Peers(b *testing.B) {
 		}
 		var floor *exec.Cmd
 		if impl == "userspace" {
-			floor = startFloor(b, k, reg)
+			floor = startFloor(b, k, written)
 			defer func() { floor.Process.Signal(syscall.SIGTERM); floor.Wait() }()
 		}
 		time.Sleep(5 * time.Second)
@@ -212,37 +212,20 @@ func memKiB(tb testing.TB, pid int, field string) int {
 }
 
 // startFloor runs testenv/cmd/wgfloor in a namespace of its own: a
-// wireguard-go device with key and the peers of the register reg (their
-// keys and allowed IPs, as the daemon's device has them), and nothing
-// else. It returns once the device is up.
-func startFloor(b *testing.B, key wgtypes.Key, reg string) *exec.Cmd {
+// wireguard-go device with key and the register's peers (their keys and
+// allowed IPs, as the daemon's device has them), and nothing else. It
+// returns once the device is up.
+func startFloor(b *testing.B, key wgtypes.Key, peers []testenv.RegisterPeer) *exec.Cmd {
 	b.Helper()
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "wgfloor")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../testenv/cmd/wgfloor").CombinedOutput(); err != nil {
 		b.Fatalf("build wgfloor: %v\n%s", err, out)
 	}
-	files, err := filepath.Glob(filepath.Join(reg, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		b.Fatalf("register %s: %d files, %v", reg, len(files), err)
-	}
 	var uapi strings.Builder
 	fmt.Fprintf(&uapi, "private_key=%x\nlisten_port=51820\nreplace_peers=true\n", key[:])
-	entry := regexp.MustCompile(`publicKey: (\S+)\nallowedIPs: \[(\S+)\]`)
-	for _, f := range files {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := entry.FindSubmatch(raw)
-		if m == nil {
-			b.Fatalf("%s: not a register entry testenv.WriteRegister writes", f)
-		}
-		pk, err := wgtypes.ParseKey(string(m[1]))
-		if err != nil {
-			b.Fatalf("%s: %v", f, err)
-		}
-		fmt.Fprintf(&uapi, "public_key=%x\nallowed_ip=%s\n", pk[:], m[2])
+	for _, p := range peers {
+		fmt.Fprintf(&uapi, "public_key=%x\nallowed_ip=%s\n", p.Key[:], p.AllowedIP)
 	}
 	conf := filepath.Join(dir, "peers.uapi")
 	if err := os.WriteFile(conf, []byte(uapi.String()), 0o600); err != nil {
