@@ -333,15 +333,50 @@ func (c *Converger) Sync(ctx context.Context, d Desired) (Plans, error) {
 	return res.Applied, res.Report.Err()
 }
 
+// maxLoggedChanges is how many changes of one kind a sync logs one by one
+// at info.
+const maxLoggedChanges = 20
+
 // logReport logs the changes of a report, one line per change, at info;
 // what was not applied goes at debug (the caller reports it: status, the
 // exit code), since logged at every sync it would drown the changes.
+//
+// At info, a kind of object with more than maxLoggedChanges changes in the
+// sync (5000 register peers at start-up) has its first ones listed and the
+// rest counted in one line: thousands of lines would bury everything else
+// in the journal, and journald drops a service's lines past its rate
+// limit. At debug every change is listed.
 func (c *Converger) logReport(r plan.Report) {
+	log := c.log()
+	all := log.Enabled(context.Background(), slog.LevelDebug)
+	type kind struct{ sub, kind string }
+	var logged map[kind]int
+	var order []kind
 	for _, e := range r {
-		if e.Writes() {
-			c.log().Info("change", "subsystem", e.Subsystem, "op", e.Text)
-		} else {
-			c.log().Debug("not applied", "subsystem", e.Subsystem, "op", e.Text)
+		if !e.Writes() {
+			log.Debug("not applied", "subsystem", e.Subsystem, "op", e.Text)
+			continue
+		}
+		if !all {
+			k := kind{e.Subsystem, e.Kind}
+			if logged == nil {
+				logged = map[kind]int{}
+			}
+			n := logged[k]
+			if n == 0 {
+				order = append(order, k)
+			}
+			logged[k] = n + 1
+			if n >= maxLoggedChanges {
+				continue
+			}
+		}
+		log.Info("change", "subsystem", e.Subsystem, "op", e.Text)
+	}
+	for _, k := range order {
+		if n := logged[k]; n > maxLoggedChanges {
+			log.Info("changes not listed", "subsystem", k.sub, "kind", k.kind, "count", n-maxLoggedChanges,
+				"of", n, "hint", "--log-level debug lists every change; nodeagent plan prints what a sync would change")
 		}
 	}
 }

@@ -61,7 +61,8 @@ Flags:
       --metrics ADDR  with run: serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9477;
                       env NODEAGENT_METRICS; default off)
       --resync DUR    with run: full resync period (default 30s)
-      --log-level LVL debug (full plans), info (changes; default), warn or error;
+      --log-level LVL debug (full plans), info (changes, at most 20 of a kind
+                      listed per sync, the rest counted; default), warn or error;
                       env NODEAGENT_LOG_LEVEL
   -h, --help          this help
 
