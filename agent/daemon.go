@@ -77,9 +77,11 @@ type Daemon struct {
 	// labeler labels the Node in its own goroutine: labels are eventually
 	// consistent and never hold up networking.
 	labeler *kube.Labeler
-	kick    chan trigger
-	want    atomic.Pointer[interest]
-	files   *fileWatch
+	// wgStatus makes the status's WireGuard devices (the loop's alone).
+	wgStatus wgStatus
+	kick     chan trigger
+	want     atomic.Pointer[interest]
+	files    *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).

@@ -104,7 +104,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
 	}
-	devs := wireGuardDevices(wg.States(post.WG))
+	devs := d.wgStatus.devices(post.WG)
 	d.metrics.SyncDone(why.String(), dur, failedSubs)
 	d.metrics.SetWireGuard(devs)
 	for _, dev := range devs {

@@ -1,27 +1,85 @@
 package agent
 
 import (
+	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
+// wgStatus makes the status's WireGuard devices after every sync. It keeps
+// what it made last, and a peer listed at the same place with the same key
+// takes its key's text, and its endpoint's and allowed IPs' when they are
+// the same, from there: with thousands of peers and nothing changing, the
+// texts were most of what an idle resync allocated. The zero value is
+// ready.
+type wgStatus struct {
+	states wg.StateCache
+	last   map[string]wgListed
+}
+
+// wgListed is one device's peers as last listed: what they were made
+// from, and what was made.
+type wgListed struct {
+	from  []madeFrom
+	peers []api.WireGuardPeer
+}
+
+// madeFrom is what a peer's texts were made from.
+type madeFrom struct {
+	key        wgtypes.Key
+	endpoint   netip.AddrPort
+	allowedIPs []netip.Prefix
+}
+
+// devices is the status's WireGuard devices for the post-sync plan p.
+func (c *wgStatus) devices(p wg.Plan) []api.WireGuardDevice {
+	states := c.states.States(p)
+	out := wireGuardDevices(states, c.last)
+	c.last = make(map[string]wgListed, len(states))
+	for i, s := range states {
+		from := make([]madeFrom, len(s.Peers))
+		for j, p := range s.Peers {
+			from[j] = madeFrom{p.PublicKey, p.Endpoint, p.AllowedIPs}
+		}
+		c.last[s.Name] = wgListed{from, out[i].Peers}
+	}
+	return out
+}
+
 // wireGuardDevices turns the WireGuard subsystem's device states into the
-// local API's terms (public keys only).
-func wireGuardDevices(states []wg.DeviceState) []api.WireGuardDevice {
+// local API's terms (public keys only), one device per state, taking the
+// texts of last (by device name) where they are the same.
+func wireGuardDevices(states []wg.DeviceState, last map[string]wgListed) []api.WireGuardDevice {
 	out := []api.WireGuardDevice{}
 	for _, s := range states {
 		d := api.WireGuardDevice{Name: s.Name, Implementation: s.Impl, ListenPort: s.ListenPort, Peers: make([]api.WireGuardPeer, 0, len(s.Peers)), Problems: s.Problems}
 		if s.Impl != "" {
 			d.PublicKey = s.PublicKey.String()
 		}
-		for _, p := range s.Peers {
+		prev := last[s.Name]
+		for i, p := range s.Peers {
 			ps := api.WireGuardPeer{
-				PublicKey: p.PublicKey.String(), Name: p.Name, RxBytes: p.RxBytes, TxBytes: p.TxBytes,
-				HandshakeAgeSeconds: -1, AllowedIPs: make([]string, 0, len(p.AllowedIPs)), Live: p.Live(s.Time),
+				Name: p.Name, RxBytes: p.RxBytes, TxBytes: p.TxBytes,
+				HandshakeAgeSeconds: -1, Live: p.Live(s.Time),
 			}
-			if p.Endpoint.IsValid() {
+			var was *madeFrom
+			if i < len(prev.from) && i < len(prev.peers) && prev.from[i].key == p.PublicKey {
+				was = &prev.from[i]
+			}
+			if was != nil {
+				ps.PublicKey = prev.peers[i].PublicKey
+			} else {
+				ps.PublicKey = p.PublicKey.String()
+			}
+			switch {
+			case !p.Endpoint.IsValid():
+			case was != nil && was.endpoint == p.Endpoint:
+				ps.Endpoint = prev.peers[i].Endpoint
+			default:
 				ps.Endpoint = p.Endpoint.String()
 			}
 			if !p.LastHandshake.IsZero() {
@@ -29,8 +87,10 @@ func wireGuardDevices(states []wg.DeviceState) []api.WireGuardDevice {
 				ps.LastHandshake = &hs
 				ps.HandshakeAgeSeconds = int64(s.Time.Sub(hs) / time.Second)
 			}
-			for _, a := range p.AllowedIPs {
-				ps.AllowedIPs = append(ps.AllowedIPs, a.String())
+			if was != nil && slices.Equal(was.allowedIPs, p.AllowedIPs) {
+				ps.AllowedIPs = prev.peers[i].AllowedIPs
+			} else {
+				ps.AllowedIPs = prefixTexts(p.AllowedIPs)
 			}
 			if ps.Live {
 				d.LivePeers++
@@ -38,6 +98,14 @@ func wireGuardDevices(states []wg.DeviceState) []api.WireGuardDevice {
 			d.Peers = append(d.Peers, ps)
 		}
 		out = append(out, d)
+	}
+	return out
+}
+
+func prefixTexts(ps []netip.Prefix) []string {
+	out := make([]string, 0, len(ps))
+	for _, a := range ps {
+		out = append(out, a.String())
 	}
 	return out
 }
