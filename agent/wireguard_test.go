@@ -19,29 +19,14 @@ import (
 // sync's own.
 func TestWGStatusReuse(t *testing.T) {
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
-	var desired []wg.Peer
-	observed := map[wgtypes.Key]wg.ObservedPeer{}
-	for i := range 50 {
-		var k wgtypes.Key
-		rand.Read(k[:])
-		desired = append(desired, wg.Peer{PublicKey: k, Name: fmt.Sprintf("p%02d", i)})
-		op := wg.ObservedPeer{PublicKey: k, AllowedIPs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.9.0.%d/32", i))}}
-		if i%3 == 0 {
-			op.Endpoint = netip.MustParseAddrPort(fmt.Sprintf("192.0.2.%d:51820", i))
-			op.LastHandshake = now.Add(-time.Duration(i) * time.Second)
-		}
-		observed[k] = op
-	}
+	desired, observed := statusPeers(50, now)
 	plan := func() wg.Plan {
 		peers := map[wgtypes.Key]wg.ObservedPeer{}
 		for k, p := range observed {
 			p.AllowedIPs = append([]netip.Prefix(nil), p.AllowedIPs...) // a new read's own
 			peers[k] = p
 		}
-		return wg.Plan{
-			Desired:  wg.Desired{Devices: []wg.Device{{Name: "wg0", Peers: desired}}},
-			Observed: wg.Observed{Time: now, Devices: map[string]wg.ObservedDevice{"wg0": {Name: "wg0", Impl: wg.ImplKernel, Peers: peers}}},
-		}
+		return statusPlan(desired, peers, now)
 	}
 	var c wgStatus
 	// check makes the devices both ways, and counts the peers whose
@@ -103,18 +88,9 @@ func TestWGStatusReuse(t *testing.T) {
 // with what the last sync made (as the daemon makes them). Run with
 // -benchmem.
 func BenchmarkWGStatus5000(b *testing.B) {
-	var desired []wg.Peer
-	peers := map[wgtypes.Key]wg.ObservedPeer{}
-	for i := range 5000 {
-		var k wgtypes.Key
-		rand.Read(k[:])
-		desired = append(desired, wg.Peer{PublicKey: k, Name: fmt.Sprintf("peer%05d", i)})
-		peers[k] = wg.ObservedPeer{PublicKey: k, AllowedIPs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.%d/32", 64+i/65536, i/256%256, i%256))}}
-	}
-	p := wg.Plan{
-		Desired:  wg.Desired{Devices: []wg.Device{{Name: "wg0", Peers: desired}}},
-		Observed: wg.Observed{Time: time.Now(), Devices: map[string]wg.ObservedDevice{"wg0": {Name: "wg0", Impl: wg.ImplKernel, Peers: peers}}},
-	}
+	now := time.Now()
+	desired, peers := statusPeers(5000, now)
+	p := statusPlan(desired, peers, now)
 	b.Run("afresh", func(b *testing.B) {
 		for b.Loop() {
 			wireGuardDevices(wg.States(p), nil)
@@ -127,4 +103,31 @@ func BenchmarkWGStatus5000(b *testing.B) {
 			c.devices(p)
 		}
 	})
+}
+
+// statusPeers is n desired peers and the kernel's view of them: one /32
+// each, and every third with an endpoint and a handshake before now.
+func statusPeers(n int, now time.Time) ([]wg.Peer, map[wgtypes.Key]wg.ObservedPeer) {
+	var desired []wg.Peer
+	observed := map[wgtypes.Key]wg.ObservedPeer{}
+	for i := range n {
+		var k wgtypes.Key
+		rand.Read(k[:])
+		desired = append(desired, wg.Peer{PublicKey: k, Name: fmt.Sprintf("p%05d", i)})
+		op := wg.ObservedPeer{PublicKey: k, AllowedIPs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.%d/32", 64+i/65536, i/256%256, i%256))}}
+		if i%3 == 0 {
+			op.Endpoint = netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), 51820)
+			op.LastHandshake = now.Add(-time.Duration(i%120) * time.Second)
+		}
+		observed[k] = op
+	}
+	return desired, observed
+}
+
+// statusPlan is a post-sync plan of one device, wg0, with these peers.
+func statusPlan(desired []wg.Peer, observed map[wgtypes.Key]wg.ObservedPeer, now time.Time) wg.Plan {
+	return wg.Plan{
+		Desired:  wg.Desired{Devices: []wg.Device{{Name: "wg0", Peers: desired}}},
+		Observed: wg.Observed{Time: now, Devices: map[string]wg.ObservedDevice{"wg0": {Name: "wg0", Impl: wg.ImplKernel, Peers: observed}}},
+	}
 }
