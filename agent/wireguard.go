@@ -7,7 +7,6 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // wgStatus makes the status's WireGuard devices after every sync. It keeps
@@ -21,18 +20,11 @@ type wgStatus struct {
 	last   map[string]wgListed
 }
 
-// wgListed is one device's peers as last listed: what they were made
-// from, and what was made.
+// wgListed is one device's peers as last listed: the states they were
+// made from, and what was made.
 type wgListed struct {
-	from  []madeFrom
+	from  []wg.PeerState
 	peers []api.WireGuardPeer
-}
-
-// madeFrom is what a peer's texts were made from.
-type madeFrom struct {
-	key        wgtypes.Key
-	endpoint   netip.AddrPort
-	allowedIPs []netip.Prefix
 }
 
 // devices is the status's WireGuard devices for the post-sync plan p.
@@ -41,11 +33,7 @@ func (c *wgStatus) devices(p wg.Plan) []api.WireGuardDevice {
 	out := wireGuardDevices(states, c.last)
 	c.last = make(map[string]wgListed, len(states))
 	for i, s := range states {
-		from := make([]madeFrom, len(s.Peers))
-		for j, p := range s.Peers {
-			from[j] = madeFrom{p.PublicKey, p.Endpoint, p.AllowedIPs}
-		}
-		c.last[s.Name] = wgListed{from, out[i].Peers}
+		c.last[s.Name] = wgListed{s.Peers, out[i].Peers}
 	}
 	return out
 }
@@ -66,8 +54,8 @@ func wireGuardDevices(states []wg.DeviceState, last map[string]wgListed) []api.W
 				Name: p.Name, RxBytes: p.RxBytes, TxBytes: p.TxBytes,
 				HandshakeAgeSeconds: -1, Live: p.Live(s.Time),
 			}
-			var was *madeFrom
-			if i < len(prev.from) && i < len(prev.peers) && prev.from[i].key == p.PublicKey {
+			var was *wg.PeerState
+			if i < len(prev.from) && prev.from[i].PublicKey == p.PublicKey {
 				was = &prev.from[i]
 			}
 			if was != nil {
@@ -77,7 +65,7 @@ func wireGuardDevices(states []wg.DeviceState, last map[string]wgListed) []api.W
 			}
 			switch {
 			case !p.Endpoint.IsValid():
-			case was != nil && was.endpoint == p.Endpoint:
+			case was != nil && was.Endpoint == p.Endpoint:
 				ps.Endpoint = prev.peers[i].Endpoint
 			default:
 				ps.Endpoint = p.Endpoint.String()
@@ -87,7 +75,7 @@ func wireGuardDevices(states []wg.DeviceState, last map[string]wgListed) []api.W
 				ps.LastHandshake = &hs
 				ps.HandshakeAgeSeconds = int64(s.Time.Sub(hs) / time.Second)
 			}
-			if was != nil && slices.Equal(was.allowedIPs, p.AllowedIPs) {
+			if was != nil && slices.Equal(was.AllowedIPs, p.AllowedIPs) {
 				ps.AllowedIPs = prev.peers[i].AllowedIPs
 			} else {
 				ps.AllowedIPs = prefixTexts(p.AllowedIPs)

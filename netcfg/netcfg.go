@@ -350,7 +350,7 @@ func (c *Converger) logReport(r plan.Report) {
 	log := c.log()
 	all := log.Enabled(context.Background(), slog.LevelDebug)
 	type kind struct{ sub, kind string }
-	var logged map[kind]int
+	logged := map[kind]int{}
 	var order []kind
 	for _, e := range r {
 		if !e.Writes() {
@@ -359,9 +359,6 @@ func (c *Converger) logReport(r plan.Report) {
 		}
 		if !all {
 			k := kind{e.Subsystem, e.Kind}
-			if logged == nil {
-				logged = map[kind]int{}
-			}
 			n := logged[k]
 			if n == 0 {
 				order = append(order, k)
