@@ -129,6 +129,8 @@ type Daemon struct {
 	piaEv      chan pia.Event
 	// pollCost is what the WireGuard poll's last digest-only polls cost.
 	pollCost pollCosts
+	// polled, a test's, is called on the loop after each WireGuard poll.
+	polled func(pollResult)
 	// hookEv carries finished onChange runs back to the loop.
 	hookEv chan hookResult
 

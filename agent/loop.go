@@ -124,6 +124,44 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	}
 	pending := trigStart
 	var retry <-chan time.Time
+	// parked: the poll waits for wgChanged (every device is this
+	// process's, in userspace, and converged), its timer only a safety
+	// net. A poll that keeps the interval keeps this too.
+	parked := false
+	var wgChanged <-chan struct{}
+	if d.us != nil {
+		wgChanged = d.us.Changed()
+	}
+	poll := func() {
+		r := d.pollWG(ctx)
+		if d.polled != nil {
+			d.polled(r)
+		}
+		every := r.every
+		if every > 0 {
+			parked = r.parked
+		}
+		if every > d.o.Resync/2 {
+			// Stretched past half the resync period, a poll would
+			// run once between two resyncs, each of which reads every
+			// device anyway: leave drift to the resync, and poll only
+			// now and then to price the digests again (a device
+			// whose peers went makes the poll worth its while again).
+			every = repricePolls * d.o.Resync
+		}
+		if every > 0 {
+			pollEvery = every
+			wgPoll.Reset(every)
+		}
+		switch {
+		case r.provider:
+			pending = merge(pending, trigProvider)
+			arm(0)
+		case r.drift:
+			pending = merge(pending, trigEvent)
+			arm(0)
+		}
+	}
 	for {
 		d.alive.Store(time.Now().UnixNano())
 		select {
@@ -154,27 +192,11 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			pending = merge(pending, trigRetry)
 			arm(0)
 		case <-wgPoll.C:
-			provider, drift, every := d.pollWG(ctx)
-			if every > d.o.Resync/2 {
-				// Stretched past half the resync period, a poll would
-				// run once between two resyncs, each of which reads every
-				// device anyway: leave drift to the resync, and poll only
-				// now and then to price the digests again (a device
-				// whose peers went makes the poll worth its while again).
-				every = repricePolls * d.o.Resync
-			}
-			if every > 0 {
-				pollEvery = every
-				wgPoll.Reset(every)
-			}
-			switch {
-			case provider:
-				pending = merge(pending, trigProvider)
-				arm(0)
-			case drift:
-				pending = merge(pending, trigEvent)
-				arm(0)
-			}
+			poll()
+		case <-wgChanged:
+			// Another process used a userspace device's UAPI socket (wg
+			// set, wg show), or a device exited: look now, parked or not.
+			poll()
 		case h := <-d.hookEv:
 			d.hookDone(h)
 		case ev := <-d.piaEv:
@@ -203,7 +225,14 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				d.log.Warn("sync failed; retrying", "in", backoff, "err", err)
 			} else {
 				d.failures = 0
-				if why != trigPeers && pollEvery <= d.o.Resync/2 {
+				switch {
+				case parked:
+					// The sync may have changed which devices there are
+					// (a kernel one, which nothing signals): one poll at
+					// the base interval decides whether to park again.
+					parked, pollEvery = false, d.o.WGPoll
+					wgPoll.Reset(pollEvery)
+				case why != trigPeers && pollEvery <= d.o.Resync/2:
 					// The sync read every device: the next poll is one
 					// interval after it began. (A poll left to the
 					// resyncs keeps its own slow schedule.)
@@ -214,17 +243,35 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	}
 }
 
+// pollResult is what a WireGuard poll found and when the next is due.
+type pollResult struct {
+	// provider: a PIA provider changed its device; drift: a device's
+	// peers differ from the desired state.
+	provider, drift bool
+	// every is the next interval, or 0 to keep the current one.
+	every time.Duration
+	// parked: nothing changed and every device is one whose digest only
+	// Userspace.Changed can move, so the next poll waits for that signal;
+	// every is then a safety net.
+	parked bool
+}
+
 // pollWG looks at the WireGuard devices: the PIA providers judge their
-// tunnels' health by what it sees (provider: one changed its device), and
-// drift reports whether a device's peers differ from the desired state
-// (the kernel sends no event when someone runs `wg set`). A device whose
-// digest has not moved since a poll found it converged is not read, so
-// with thousands of peers and nothing changing a poll walks no peer; PIA
-// devices (a peer each) are read on every poll. every is the next
-// interval, or 0 to keep the current one.
-func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.Duration) {
+// tunnels' health by what it sees, and drift reports whether a device's
+// peers differ from the desired state (the kernel sends no event when
+// someone runs `wg set`). A device whose digest has not moved since a
+// poll found it converged is not read, so with thousands of peers and
+// nothing changing a poll walks no peer; PIA devices (a peer each) are
+// read on every poll.
+//
+// When only this process's userspace devices are polled and nothing
+// moved, the poll parks (pollResult.parked): their digests move only
+// through another process's UAPI connection or a device's exit, which
+// Userspace.Changed signals, so the daemon waits for that rather than
+// waking twice a second for nothing.
+func (d *Daemon) pollWG(ctx context.Context) pollResult {
 	if len(d.desired.WG.Devices) == 0 {
-		return false, false, 0
+		return pollResult{}
 	}
 	des := d.desired
 	if len(d.pia) > 0 {
@@ -239,22 +286,25 @@ func (d *Daemon) pollWG(ctx context.Context) (provider, drift bool, every time.D
 	cost := threadCPU() - cpu0
 	runtime.UnlockOSThread()
 	if err != nil {
-		return false, false, 0
+		return pollResult{}
 	}
 	if !looked {
+		if d.cv.WGEventDriven(des, d.piaDevices) {
+			return pollResult{every: parkedPoll * d.o.Resync, parked: true}
+		}
 		// Only digests were read: that cost sets the interval.
-		return false, false, pollInterval(d.o.WGPoll, d.pollCost.add(cost))
+		return pollResult{every: pollInterval(d.o.WGPoll, d.pollCost.add(cost))}
 	}
 	if len(d.pia) > 0 && d.stepPIA(ctx, p.Observed) {
-		return true, false, 0
+		return pollResult{provider: true}
 	}
 	if p.Writes() {
 		// Someone is changing the devices: look again soon, whatever the
 		// digests cost, so a second change is not left for a stretched
 		// interval.
-		return false, true, d.o.WGPoll
+		return pollResult{drift: true, every: d.o.WGPoll}
 	}
-	return false, false, 0
+	return pollResult{}
 }
 
 // pollBudget is the share of one core the WireGuard poll may take when
@@ -270,6 +320,10 @@ const (
 	// repricePolls is, in resync periods, how often a poll left to the
 	// resyncs still runs, to price the digests again.
 	repricePolls = 4
+	// parkedPoll is, in resync periods, how often a parked poll runs
+	// without a signal (pollResult.parked): a safety net, since every
+	// resync reads each device whole anyway.
+	parkedPoll = repricePolls
 )
 
 // pollInterval is the WireGuard poll's next interval after a poll that

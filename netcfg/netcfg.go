@@ -212,6 +212,13 @@ func (c *Converger) PollWG(ctx context.Context, d Desired, always map[string]boo
 	return c.poll.Poll(ctx, c.WG(), d.WG, always)
 }
 
+// WGEventDriven reports whether the WireGuard poll of d may wait for
+// Userspace.Changed instead of a timer (wg.Poller.EventDriven): every
+// device is this process's, in userspace, and was last found converged.
+func (c *Converger) WGEventDriven(d Desired, always map[string]bool) bool {
+	return c.poll.EventDriven(c.WG(), d.WG, always)
+}
+
 // Result is what Apply did: the report of every op, and the desired state
 // planned against the state reached (empty when the sync converged; its
 // Observed fields are the post state).

@@ -101,6 +101,29 @@ func (p *Poller) settle(pl Plan, devs []Device) {
 	}
 }
 
+// EventDriven reports whether a poll of d can wait for h.Userspace's
+// Changed signal instead of a timer: every device of d is one this
+// process runs in userspace, none is in always (read on every poll), and
+// the last poll or plan found each converged, so its digest is kept. Such
+// a digest moves only with another process's UAPI connection or the
+// device's own exit, which Changed signals; a kernel device's can move
+// with any `wg set`, which nothing signals.
+func (p *Poller) EventDriven(h *Handle, d Desired, always map[string]bool) bool {
+	if h.Userspace == nil || len(d.Devices) == 0 {
+		return false
+	}
+	for i := range d.Devices {
+		name := d.Devices[i].Name
+		if always[name] || !h.Userspace.Running(name) {
+			return false
+		}
+		if _, ok := p.base[name]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // ImplOf is how device name runs, for its digest: userspace when this
 // process runs it, else the kernel.
 func (h *Handle) ImplOf(name string) string {

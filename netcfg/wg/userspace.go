@@ -45,6 +45,10 @@ type Userspace struct {
 	// device being stopped is still live and would look foreign to Start).
 	mu   sync.Mutex
 	devs map[string]*usDevice
+
+	// changed holds a signal once a device's Generation may have moved
+	// (Changed).
+	changed chan struct{}
 }
 
 // NewUserspace returns a Userspace that logs through log (nil discards).
@@ -52,7 +56,22 @@ func NewUserspace(log *slog.Logger) *Userspace {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Userspace{log: log, devs: make(map[string]*usDevice)}
+	return &Userspace{log: log, devs: make(map[string]*usDevice), changed: make(chan struct{}, 1)}
+}
+
+// Changed is signalled after a device's Generation may have moved: a UAPI
+// connection from another process began or ended, or wireguard-go closed
+// a device by itself. Those are the only ways a device this process runs
+// can change without nodeagent writing it, so a watcher of its digests
+// can wait here instead of polling them. Signals do not queue up: one
+// stands for any number since the last receive.
+func (u *Userspace) Changed() <-chan struct{} { return u.changed }
+
+func (u *Userspace) signal() {
+	select {
+	case u.changed <- struct{}{}:
+	default:
+	}
 }
 
 // usDevice is one running wireguard-go device and its UAPI server.
@@ -75,8 +94,9 @@ type usDevice struct {
 	// foreign counts UAPI connections from other processes, when each is
 	// accepted and again when it ends: the only way to change the device
 	// from outside nodeagent (wg(8), wg-quick), so an unchanged count is an
-	// unchanged device (Digest).
+	// unchanged device (Digest). changed is called after each count.
 	foreign atomic.Uint64
+	changed func()
 }
 
 // Start creates the TUN device name inside h's network namespace with MTU
@@ -138,11 +158,12 @@ func (u *Userspace) Start(h *host.Host, name string, mtu int) error {
 	}
 
 	d := &usDevice{
-		name:  name,
-		log:   u.log.With("device", name),
-		uapi:  l,
-		done:  make(chan struct{}),
-		conns: make(map[net.Conn]struct{}),
+		name:    name,
+		changed: u.signal,
+		log:     u.log.With("device", name),
+		uapi:    l,
+		done:    make(chan struct{}),
+		conns:   make(map[net.Conn]struct{}),
 	}
 	// Bring the link up before the device exists, so the TUN events queued
 	// meanwhile end in EventUp and the device's event reader does not take
@@ -246,6 +267,7 @@ func (u *Userspace) watch(d *usDevice) {
 	delete(u.devs, d.name)
 	d.close()
 	d.log.Warn("userspace wireguard exited: its tun link is gone")
+	u.signal()
 }
 
 // alive reports whether wireguard-go has not closed the device.
@@ -305,12 +327,14 @@ func (d *usDevice) serve() {
 		foreign := !ownConn(c)
 		if foreign {
 			d.foreign.Add(1)
+			d.changed()
 		}
 		go func() {
 			defer d.serving.Done()
 			d.dev.IpcHandle(c) // closes c
 			if foreign {
 				d.foreign.Add(1)
+				d.changed()
 			}
 			d.mu.Lock()
 			delete(d.conns, c)
