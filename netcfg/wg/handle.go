@@ -60,6 +60,9 @@ type Handle struct {
 	// peersSeen is how many peers each kernel device had when last read,
 	// so the next read's map is made that size rather than grown to it.
 	peersSeen map[string]int
+	// usBuf is the userspace devices' UAPI text buffer, kept from read to
+	// read (readUserspace).
+	usBuf []byte
 
 	configWrites atomic.Int64
 	peerWrites   atomic.Int64

@@ -100,7 +100,9 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 }
 
 // read fills in od's configuration and peers: a kernel device's straight
-// off one generic netlink dump, a userspace device's through wgctrl (UAPI).
+// off one generic netlink dump, a userspace device this process runs
+// from wireguard-go in process (readUserspace), another userspace device
+// through wgctrl (UAPI).
 // A device that turns out not to be WireGuard (a kernel link whose module
 // is gone, a TUN that is not, or no longer, one) gets Impl "".
 func (h *Handle) read(od *ObservedDevice) error {
@@ -121,6 +123,17 @@ func (h *Handle) read(od *ObservedDevice) error {
 	// The count of other processes' UAPI connections before the read: a
 	// change made after it moves the digest again.
 	gen, running := h.Userspace.Generation(od.Name)
+	if running {
+		// This process's own device: read in process.
+		ok, err := h.readUserspace(od)
+		if err != nil {
+			return err
+		}
+		if ok {
+			od.Digest = Digest{Sum: gen, Exists: true}
+			return nil
+		}
+	}
 	dev, err := h.device(od.Name)
 	if errors.Is(err, os.ErrNotExist) {
 		od.Impl = ""
