@@ -138,12 +138,20 @@ func usUDPListening(t *testing.T, ns *testenv.NetNS, port int) bool {
 	return strings.Contains(string(out), ":"+strconv.Itoa(port))
 }
 
-// TestUserspaceTunnel runs a userspace device in each of two namespaces
-// joined by a veth, and proves the tunnel carries traffic, wg(8) sees the
-// handshake, and every socket and MTU read happened in the device's own
-// namespace rather than the test process's.
-func TestUserspaceTunnel(t *testing.T) {
-	testenv.RequireRoot(t)
+// usPair is two userspace devices with a tunnel between them (usTunnel).
+type usPair struct {
+	a, b       *testenv.NetNS
+	u          *Userspace
+	logs       *usLogBuffer
+	keyA, keyB wgtypes.Key
+}
+
+// usTunnel runs userspace devices nameA in a new namespace a and nameB in
+// b, joined by a veth, each with a key, its port and the other as its one
+// peer (allowed IPs 10.99.0.2/32 and .1/32), and addresses 10.99.0.1/24
+// and .2/24 on them. extraA's fwmark and peers go on A as well.
+func usTunnel(t *testing.T, nameA, nameB string, portA, portB int, extraA wgtypes.Config) usPair {
+	t.Helper()
 	a, b := testenv.NewNetNS(t), testenv.NewNetNS(t)
 	a.Veth(t, "veth-a", b, "veth-b")
 	// TEST-NET-2, not TEST-NET-1: CI hosts use 192.0.2.0/24 themselves,
@@ -153,14 +161,6 @@ func TestUserspaceTunnel(t *testing.T) {
 	usAddr(t, a, "veth-a", "198.51.100.1/24")
 	usAddr(t, b, "veth-b", "198.51.100.2/24")
 	u, logs := usNew(t)
-
-	// The socket directory is global, so the names differ across the
-	// namespaces. Ports that nothing on the host is likely to use, so that
-	// their absence from the host namespace means something.
-	const (
-		nameA, nameB = "wgtA1", "wgtB1"
-		portA, portB = 47111, 47112
-	)
 	for _, x := range []struct {
 		ns   *testenv.NetNS
 		name string
@@ -172,13 +172,14 @@ func TestUserspaceTunnel(t *testing.T) {
 	keyA, keyB := usKeys(t), usKeys(t)
 	pA, pB := portA, portB
 	usConfigure(t, a.Host, nameA, wgtypes.Config{
-		PrivateKey: &keyA,
-		ListenPort: &pA,
-		Peers: []wgtypes.PeerConfig{{
+		PrivateKey:   &keyA,
+		ListenPort:   &pA,
+		FirewallMark: extraA.FirewallMark,
+		Peers: append([]wgtypes.PeerConfig{{
 			PublicKey:  keyB.PublicKey(),
 			Endpoint:   &net.UDPAddr{IP: net.IPv4(198, 51, 100, 2), Port: portB},
 			AllowedIPs: []net.IPNet{{IP: net.IPv4(10, 99, 0, 2), Mask: net.CIDRMask(32, 32)}},
-		}},
+		}}, extraA.Peers...),
 	})
 	usConfigure(t, b.Host, nameB, wgtypes.Config{
 		PrivateKey: &keyB,
@@ -191,6 +192,24 @@ func TestUserspaceTunnel(t *testing.T) {
 	})
 	usAddr(t, a, nameA, "10.99.0.1/24")
 	usAddr(t, b, nameB, "10.99.0.2/24")
+	return usPair{a, b, u, logs, keyA, keyB}
+}
+
+// TestUserspaceTunnel runs a userspace device in each of two namespaces
+// joined by a veth, and proves the tunnel carries traffic, wg(8) sees the
+// handshake, and every socket and MTU read happened in the device's own
+// namespace rather than the test process's.
+func TestUserspaceTunnel(t *testing.T) {
+	testenv.RequireRoot(t)
+	// The socket directory is global, so the names differ across the
+	// namespaces. Ports that nothing on the host is likely to use, so that
+	// their absence from the host namespace means something.
+	const (
+		nameA, nameB = "wgtA1", "wgtB1"
+		portA, portB = 47111, 47112
+	)
+	tun := usTunnel(t, nameA, nameB, portA, portB, wgtypes.Config{})
+	a, b, logs, keyA, keyB := tun.a, tun.b, tun.logs, tun.keyA, tun.keyB
 
 	a.Exec(t, "ping", "-c", "3", "-W", "2", "10.99.0.2")
 

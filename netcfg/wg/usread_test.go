@@ -23,36 +23,15 @@ import (
 // device's generation stays put.
 func TestReadUserspace(t *testing.T) {
 	testenv.RequireRoot(t)
-	a, b := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	a.Veth(t, "veth-a", b, "veth-b")
-	usAddr(t, a, "veth-a", "198.51.100.1/24")
-	usAddr(t, b, "veth-b", "198.51.100.2/24")
-	u, _ := usNew(t)
 	const (
 		nameA, nameB = "wgrdA1", "wgrdB1"
 		portA, portB = 47121, 47122
 	)
-	for _, x := range []struct {
-		ns   *testenv.NetNS
-		name string
-	}{{a, nameA}, {b, nameB}} {
-		if err := u.Start(x.ns.Host, x.name, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	keyA, keyB := usKeys(t), usKeys(t)
 	psk, other, bare := usKeys(t), usKeys(t), usKeys(t)
-	pA, pB, mark := portA, portB, 0x1234
-	usConfigure(t, a.Host, nameA, wgtypes.Config{
-		PrivateKey:   &keyA,
-		ListenPort:   &pA,
+	mark := 0x1234
+	tun := usTunnel(t, nameA, nameB, portA, portB, wgtypes.Config{
 		FirewallMark: &mark,
 		Peers: []wgtypes.PeerConfig{
-			{
-				PublicKey:  keyB.PublicKey(),
-				Endpoint:   &net.UDPAddr{IP: net.IPv4(198, 51, 100, 2), Port: portB},
-				AllowedIPs: []net.IPNet{{IP: net.IPv4(10, 99, 0, 2), Mask: net.CIDRMask(32, 32)}},
-			},
 			{
 				PublicKey:                   other.PublicKey(),
 				PresharedKey:                &psk,
@@ -67,17 +46,7 @@ func TestReadUserspace(t *testing.T) {
 			{PublicKey: bare.PublicKey()},
 		},
 	})
-	usConfigure(t, b.Host, nameB, wgtypes.Config{
-		PrivateKey: &keyB,
-		ListenPort: &pB,
-		Peers: []wgtypes.PeerConfig{{
-			PublicKey:  keyA.PublicKey(),
-			Endpoint:   &net.UDPAddr{IP: net.IPv4(198, 51, 100, 1), Port: portA},
-			AllowedIPs: []net.IPNet{{IP: net.IPv4(10, 99, 0, 1), Mask: net.CIDRMask(32, 32)}},
-		}},
-	})
-	usAddr(t, a, nameA, "10.99.0.1/24")
-	usAddr(t, b, nameB, "10.99.0.2/24")
+	a, u, keyA, keyB := tun.a, tun.u, tun.keyA, tun.keyB
 	a.Exec(t, "ping", "-c", "2", "-W", "2", "10.99.0.2")
 
 	h := &Handle{Host: a.Host, Userspace: u}
