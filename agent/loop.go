@@ -171,8 +171,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			return nil
 		case <-watchdog:
 			d.notify.Watchdog()
-		case why := <-d.kick:
-			pending = merge(pending, why)
+		case <-d.kick:
+			for _, why := range d.kicks() {
+				pending = merge(pending, why)
+			}
 			arm(d.o.Debounce)
 		case dur := <-d.stall:
 			d.log.Warn("test hook: wedging the reconcile loop", "for", dur)
@@ -195,8 +197,13 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			poll()
 		case <-wgChanged:
 			// Another process used a userspace device's UAPI socket (wg
-			// set, wg show), or a device exited: look now, parked or not.
-			poll()
+			// set, wg show), or a device exited. A parked poll looks now;
+			// a ticking one sees it at its next tick, as before: a script
+			// running wg show in a loop must not drive a poll (and, with
+			// PIA, a provider step) per call.
+			if parked {
+				poll()
+			}
 		case h := <-d.hookEv:
 			d.hookDone(h)
 		case ev := <-d.piaEv:
