@@ -79,9 +79,15 @@ type Daemon struct {
 	labeler *kube.Labeler
 	// wgStatus makes the status's WireGuard devices (the loop's alone).
 	wgStatus wgStatus
-	kick     chan trigger
-	want     atomic.Pointer[interest]
-	files    *fileWatch
+	// kicked holds the triggers kickNow was given since the loop last
+	// took them, a bit each (1<<trigger); kick wakes the loop. A storm of
+	// kernel events may outrun the loop, but no kind of trigger is lost
+	// in it: a register file's change (trigPeers) dropped behind a full
+	// queue of link events waited for the next resync.
+	kicked atomic.Uint32
+	kick   chan struct{}
+	want   atomic.Pointer[interest]
+	files  *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).
@@ -177,7 +183,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		o.Register = &register.Cache{}
 	}
 	d := &Daemon{
-		o: o, log: o.Log, kick: make(chan trigger, 16), reqs: make(chan request), stall: make(chan time.Duration, 1),
+		o: o, log: o.Log, kick: make(chan struct{}, 1), reqs: make(chan request), stall: make(chan time.Duration, 1),
 		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
 	d.host = o.Host
@@ -277,13 +283,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return d.loop(ctx, sig)
 }
 
-// kickNow asks the loop for a sync; it never blocks (a full channel means
-// a sync is due already).
+// kickNow asks the loop for a sync for why; it never blocks, and why is
+// kept until the loop takes it (kicks), however many kicks come first.
 func (d *Daemon) kickNow(why trigger) {
+	d.kicked.Or(1 << why)
 	select {
-	case d.kick <- why:
+	case d.kick <- struct{}{}:
 	default:
 	}
+}
+
+// kicks takes the triggers given to kickNow since the last take.
+func (d *Daemon) kicks() []trigger {
+	var out []trigger
+	bits := d.kicked.Swap(0)
+	for t := trigger(0); bits != 0; t++ {
+		if bits&(1<<t) != 0 {
+			out = append(out, t)
+			bits &^= 1 << t
+		}
+	}
+	return out
 }
 
 func (d *Daemon) peerDirs() []string {

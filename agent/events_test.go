@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/binary"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -128,5 +129,28 @@ func TestMergePeers(t *testing.T) {
 		if got := merge(c.have, c.why); got != c.want {
 			t.Errorf("merge(%s, %s) = %s; want %s", c.have, c.why, got, c.want)
 		}
+	}
+}
+
+// TestKicksKeepEveryTrigger: a storm of kernel events that outruns the
+// loop does not push out a register file's change (it used to be dropped
+// with the 17th kick, and waited for the next resync): every kind of
+// trigger given is taken once, and the loop is woken once.
+func TestKicksKeepEveryTrigger(t *testing.T) {
+	d := &Daemon{kick: make(chan struct{}, 1)}
+	for range 100 {
+		d.kickNow(trigEvent)
+	}
+	d.kickNow(trigPeers)
+	d.kickNow(trigEvent)
+	if len(d.kick) != 1 {
+		t.Fatalf("%d wake-ups queued; want 1", len(d.kick))
+	}
+	<-d.kick
+	if got, want := d.kicks(), []trigger{trigEvent, trigPeers}; !slices.Equal(got, want) {
+		t.Errorf("kicks() = %v; want %v", got, want)
+	}
+	if got := d.kicks(); len(got) != 0 {
+		t.Errorf("kicks() again = %v; want none", got)
 	}
 }
