@@ -297,7 +297,9 @@ func (d *Daemon) pollWG(ctx context.Context) pollResult {
 	}
 	if !looked {
 		if d.cv.WGEventDriven(des, d.piaDevices) {
-			return pollResult{every: parkedPoll * d.o.Resync, parked: true}
+			// The timer, a safety net since every resync reads each
+			// device whole anyway, runs as a poll left to the resyncs.
+			return pollResult{every: repricePolls * d.o.Resync, parked: true}
 		}
 		// Only digests were read: that cost sets the interval.
 		return pollResult{every: pollInterval(d.o.WGPoll, d.pollCost.add(cost))}
@@ -327,10 +329,6 @@ const (
 	// repricePolls is, in resync periods, how often a poll left to the
 	// resyncs still runs, to price the digests again.
 	repricePolls = 4
-	// parkedPoll is, in resync periods, how often a parked poll runs
-	// without a signal (pollResult.parked): a safety net, since every
-	// resync reads each device whole anyway.
-	parkedPoll = repricePolls
 )
 
 // pollInterval is the WireGuard poll's next interval after a poll that
