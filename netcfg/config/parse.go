@@ -517,8 +517,13 @@ func fieldPath(parent, name string) string {
 }
 
 func indexPath(parent string, i int) string {
+	if parent == "allowedIPs" && i >= 0 && i < len(allowedIPsPaths) {
+		return allowedIPsPaths[i] // every register file's, without an allocation
+	}
 	return parent + "[" + strconv.Itoa(i) + "]"
 }
+
+var allowedIPsPaths = [...]string{"allowedIPs[0]", "allowedIPs[1]", "allowedIPs[2]", "allowedIPs[3]"}
 
 // mapKeyPath writes sysctl keys the way sysctl(8) does (sysctls.net.ipv4.ip_forward)
 // and every other map key quoted (kubernetes.labels["foo/bar"]), because

@@ -82,9 +82,10 @@ func ReadFile(path string, r Rules) ([]byte, error) {
 // Dir is a directory whose files are read relative to it, so that a link in
 // it cannot lead out of it.
 type Dir struct {
-	path string
-	f    *os.File
-	fd   int
+	path  string
+	clean string // path, cleaned
+	f     *os.File
+	fd    int
 	// fsErr is the directory's own filesystem check (fstatfs): files are
 	// opened without crossing a mount (RESOLVE_NO_XDEV), so they are on
 	// the same filesystem, checked once here rather than per file.
@@ -103,7 +104,7 @@ func OpenDir(path string) (*Dir, error) {
 	if err != nil {
 		return nil, openError(path, err, "")
 	}
-	d := &Dir{path: path, f: os.NewFile(uintptr(fd), path), fd: fd}
+	d := &Dir{path: path, clean: filepath.Clean(path), f: os.NewFile(uintptr(fd), path), fd: fd}
 	d.fsErr = checkFS(path, fd)
 	return d, nil
 }
@@ -137,7 +138,7 @@ func (d *Dir) Stat(name string) (unix.Stat_t, error) {
 // or one climbing out with "..", is refused), whatever r.FollowLinks says.
 // It returns the file's fstat as well, the identity of what was read.
 func (d *Dir) ReadFile(name string, r Rules) ([]byte, unix.Stat_t, error) {
-	path := filepath.Join(d.path, name)
+	path := JoinName(d.clean, name)
 	how := &unix.OpenHow{
 		Flags:   uint64(openFlags),
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
@@ -174,6 +175,23 @@ func (d *Dir) ReadFile(name string, r Rules) ([]byte, unix.Stat_t, error) {
 	}
 	b, err := readStat(path, fd, r, &st, !fsChecked)
 	return b, st, err
+}
+
+// JoinName is filepath.Join(dir, name) for a dir that is clean already
+// (filepath.Clean leaves it as it is), without cleaning it again where
+// name is one plain name (no '/', not "." or ".."), as a directory's
+// entries are: a register of thousands of files joins each one.
+func JoinName(dir, name string) string {
+	if name == "" || name == "." || name == ".." || dir == "" || strings.IndexByte(name, '/') >= 0 {
+		return filepath.Join(dir, name)
+	}
+	switch dir {
+	case ".":
+		return name
+	case "/":
+		return "/" + name
+	}
+	return dir + "/" + name
 }
 
 // ErrIsDir is the error of a Dir.ReadFile that opened a directory, which a

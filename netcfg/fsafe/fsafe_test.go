@@ -133,3 +133,23 @@ func TestWriteFile(t *testing.T) {
 		t.Errorf("temporary files left: %v", left)
 	}
 }
+
+// JoinName must give what filepath.Join gives, for every clean directory
+// and any name: it is only a shortcut for plain names.
+func TestJoinName(t *testing.T) {
+	dirs := []string{"/", ".", "..", "/etc", "/etc/nodeagent/peers.d", "a", "a/b", "../a", "", "/etc/", "a//b", "./a"}
+	names := []string{"alice.yaml", ".alice.yaml.swp", "alice.yaml~", ".", "..", "", "a/b", "../x", "x/..", "a//b", "..x", "x..", "/abs"}
+	for _, d := range dirs {
+		clean := filepath.Clean(d)
+		for _, n := range names {
+			if got, want := JoinName(clean, n), filepath.Join(clean, n); got != want {
+				t.Errorf("JoinName(%q, %q) = %q, filepath.Join gives %q", clean, n, got, want)
+			}
+			// What the register relies on: a directory as the config
+			// names it, cleaned once, joins as it would uncleaned.
+			if d != "" && JoinName(clean, n) != filepath.Join(d, n) {
+				t.Errorf("JoinName(Clean(%q), %q) = %q, filepath.Join(%q, %q) = %q", d, n, JoinName(clean, n), d, n, filepath.Join(d, n))
+			}
+		}
+	}
+}

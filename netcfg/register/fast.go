@@ -206,8 +206,14 @@ func flowList(v []byte) ([]string, bool) {
 	if len(inner) == 0 {
 		return nil, true
 	}
-	var out []string
-	for _, it := range bytes.Split(inner, []byte(",")) {
+	out := make([]string, 0, bytes.Count(inner, []byte(","))+1)
+	for rest := inner; rest != nil; {
+		it := rest
+		if i := bytes.IndexByte(rest, ','); i >= 0 {
+			it, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
 		it = bytes.TrimPrefix(it, []byte(" "))
 		if len(it) == 0 {
 			return nil, false

@@ -236,50 +236,63 @@ func (c *Cache) LoadStream(dir string, opts config.Options, emit func([]Peer)) C
 		ignore bool
 	}
 	var names, files, formats []string
+	cleanDir := filepath.Clean(dir)
 	for _, e := range entries {
 		format := registerFormat(e.Name())
 		if format == "" || e.IsDir() {
 			continue
 		}
 		names = append(names, e.Name())
-		files = append(files, filepath.Join(dir, e.Name()))
+		files = append(files, fsafe.JoinName(cleanDir, e.Name()))
 		formats = append(formats, format)
 	}
 	out := make([]loaded, len(files))
 	chunks := (len(files) + chunk - 1) / chunk
 	done := make(chan int, chunks)
 	var next atomic.Int64
+	// One clock for the whole read: a file written after it is racy (its
+	// time is after now), one written within racyWindow before it too.
+	now := c.clock()
 	workers := runtime.GOMAXPROCS(0)
 	if emit != nil && workers > 1 {
 		// A CPU is left to whatever takes the peers as they come (the
 		// kernel, taking them into a staging device).
 		workers--
 	}
-	for range min(workers, chunks) {
-		go func() {
-			for ci := int(next.Add(1) - 1); ci < chunks; ci = int(next.Add(1) - 1) {
-				for i := ci * chunk; i < min((ci+1)*chunk, len(files)); i++ {
-					// The identity is of what the name leads to now; a hit
-					// is a file that was opened, checked and parsed before.
-					// A file the cache does not know is not stat'ed first:
-					// the read's own fstat gives its identity.
-					if hit, found := c.get(files[i]); found && !hit.racy {
-						if st, serr := d.Stat(names[i]); serr == nil && hit.id == idOf(st, opts) {
-							out[i] = loaded{hit.p, hit.errs, hit.ignore}
-							continue
-						}
-					}
-					p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
-					out[i] = loaded{p, errs, ignore}
-					if ok {
-						id := idOf(st, opts)
-						racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
-						c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
-					}
+	// readChunk reads and parses chunk ci's files into out.
+	readChunk := func(ci int) {
+		for i := ci * chunk; i < min((ci+1)*chunk, len(files)); i++ {
+			// The identity is of what the name leads to now; a hit is a
+			// file that was opened, checked and parsed before. A file the
+			// cache does not know is not stat'ed first: the read's own
+			// fstat gives its identity.
+			if hit, found := c.get(files[i]); found && !hit.racy {
+				if st, serr := d.Stat(names[i]); serr == nil && hit.id == idOf(st, opts) {
+					out[i] = loaded{hit.p, hit.errs, hit.ignore}
+					continue
 				}
-				done <- ci
 			}
-		}()
+			p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
+			out[i] = loaded{p, errs, ignore}
+			if ok {
+				id := idOf(st, opts)
+				racy := now.Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
+				c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
+			}
+		}
+	}
+	// One worker reads on this goroutine, a chunk before each claim: no
+	// goroutine to wake and park again for every chunk.
+	inline := workers <= 1
+	if !inline {
+		for range min(workers, chunks) {
+			go func() {
+				for ci := int(next.Add(1) - 1); ci < chunks; ci = int(next.Add(1) - 1) {
+					readChunk(ci)
+					done <- ci
+				}
+			}()
+		}
 	}
 	var reg Contents
 	taken := newClaims()
@@ -310,8 +323,13 @@ func (c *Cache) LoadStream(dir string, opts config.Options, emit func([]Peer)) C
 	// first, have been claimed.
 	ready := make([]bool, chunks)
 	claimed := 0
-	for range chunks {
-		ready[<-done] = true
+	for ci := range chunks {
+		if inline {
+			readChunk(ci)
+			ready[ci] = true
+		} else {
+			ready[<-done] = true
+		}
 		from := len(reg.Peers)
 		for ; claimed < chunks && ready[claimed]; claimed++ {
 			for i := claimed * chunk; i < min((claimed+1)*chunk, len(files)); i++ {
@@ -424,7 +442,7 @@ func NewMerger(static []config.WGPeer, staticWhere func(i int) string) (*Merger,
 	m := &Merger{taken: newClaims(), static: len(static)}
 	out := make([]Peer, 0, len(static))
 	for i, p := range static {
-		m.taken.add(p, func(int) string { return staticWhere(i) })
+		m.taken.add(p, func(int) claimant { return claimant{name: staticWhere(i)} })
 		out = append(out, Peer{Peer: p})
 	}
 	return m, out
@@ -461,21 +479,35 @@ func keep(peers []Peer, clash func(Peer) config.ErrorList) ([]Peer, []error) {
 	return out, errs
 }
 
-// claims remembers who holds each public key and allowed prefix, as
-// "file:line" or the static peer's name.
+// claims remembers who holds each public key and allowed prefix: a
+// register file and line, or a static peer's name.
 type claims struct {
-	keys    map[string]string
-	allowed map[netip.Prefix]string
+	keys    map[string]claimant
+	allowed map[netip.Prefix]claimant
+}
+
+// claimant is who holds a claim, kept as parts: it is put into words only
+// for a clash, which few claims ever meet.
+type claimant struct {
+	name string // a static peer's name, or the file
+	line int    // the file's line; 0 for a static peer
+}
+
+func (c claimant) String() string {
+	if c.line > 0 {
+		return c.name + ":" + strconv.Itoa(c.line)
+	}
+	return c.name
 }
 
 func newClaims() claims {
-	return claims{keys: map[string]string{}, allowed: map[netip.Prefix]string{}}
+	return claims{keys: map[string]claimant{}, allowed: map[netip.Prefix]claimant{}}
 }
 
 // add records p's key and prefixes where they are free; where(i) names
 // p's allowed IP i, and where(-1) its key. Prefixes that do not parse are
 // left out: validation has reported them.
-func (c claims) add(p config.WGPeer, where func(i int) string) {
+func (c claims) add(p config.WGPeer, where func(i int) claimant) {
 	if _, ok := c.keys[p.PublicKey]; !ok && p.PublicKey != "" {
 		c.keys[p.PublicKey] = where(-1)
 	}
@@ -494,12 +526,7 @@ func (c claims) add(p config.WGPeer, where func(i int) string) {
 func (c claims) claim(p Peer) config.ErrorList {
 	errs := c.check(p)
 	if len(errs) == 0 {
-		c.add(p.Peer, func(i int) string {
-			if l := p.line(i); l > 0 {
-				return p.File + ":" + strconv.Itoa(l)
-			}
-			return p.File
-		})
+		c.add(p.Peer, func(i int) claimant { return claimant{p.File, max(p.line(i), 0)} })
 	}
 	return errs
 }
@@ -510,7 +537,7 @@ func (c claims) check(p Peer) config.ErrorList {
 	var errs config.ErrorList
 	if first, dup := c.keys[p.Peer.PublicKey]; dup {
 		errs = append(errs, &config.FieldError{File: p.File, Line: p.line(-1), Field: p.field(-1),
-			Msg: "duplicate peer public key; first in " + first})
+			Msg: "duplicate peer public key; first in " + first.String()})
 	}
 	for i, s := range p.Peer.AllowedIPs {
 		pfx, err := netip.ParsePrefix(s)
@@ -981,10 +1008,11 @@ func (c *Cache) keepOnly(dir string, files []string) {
 	for _, f := range files {
 		present[f] = true
 	}
+	dir = filepath.Clean(dir)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for f := range c.files {
-		if filepath.Dir(f) == filepath.Clean(dir) && !present[f] {
+		if !present[f] && filepath.Dir(f) == dir {
 			delete(c.files, f)
 		}
 	}
