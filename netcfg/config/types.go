@@ -56,7 +56,10 @@ type VLAN struct {
 
 // Macvlan is a host shim so the host can reach its own macvlan pods.
 type Macvlan struct {
-	Name      string   `yaml:"name"`
+	Name string `yaml:"name"`
+	// Parent is the link the shim sits on: the trunk, a VLAN, or another
+	// macvlan, which the kernel reads as that macvlan's own parent (the
+	// shim is made beside it, and shows that parent).
 	Parent    string   `yaml:"parent"`
 	Mode      string   `yaml:"mode"` // bridge (default), private, vepa, passthru
 	MTU       int      `yaml:"mtu"`

@@ -363,3 +363,35 @@ func TestGratuitousARPAnnouncesTheAddress(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A macvlan whose parent is a macvlan is put by the kernel on that
+// macvlan's own parent (macvlan_common_newlink takes the lower device's
+// real device): the link reads back with the trunk as its parent. It
+// must still converge, not be deleted and made again on every sync.
+func TestMacvlanOnMacvlanConverges(t *testing.T) {
+	node, _ := trunkPair(t)
+	outer := shim("10.10.50.3/32")
+	inner := Link{Name: "shim1", Kind: Macvlan, Parent: "shim0", Mode: "bridge", Up: true, Addrs: []netip.Prefix{netip.MustParsePrefix("10.10.50.4/32")}}
+	d := Desired{Links: []Link{outer, inner}, DAD: fastDAD}
+	mustSync(t, node.Host, d)
+	l, err := node.NL.LinkByName("shim1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trunk, _ := node.NL.LinkByName("trunk0")
+	if l.Attrs().ParentIndex != trunk.Attrs().Index {
+		t.Fatalf("shim1's parent is index %d; the kernel was expected to put it on trunk0 (%d)", l.Attrs().ParentIndex, trunk.Attrs().Index)
+	}
+	assertNoop(t, node, d)
+	// And a foreign macvlan on the trunk, named as the parent, too.
+	node.Exec(t, "ip", "link", "add", "other0", "link", "trunk0", "type", "macvlan", "mode", "bridge")
+	on := Link{Name: "shim2", Kind: Macvlan, Parent: "other0", Mode: "bridge", Up: true}
+	d2 := Desired{Links: []Link{outer, inner, on}, DAD: fastDAD}
+	mustSync(t, node.Host, d2)
+	assertNoop(t, node, d2)
+	// A real change of parent is still one: shim1 moved onto the trunk
+	// itself is where it is already, and onto another trunk is not.
+	moved := inner
+	moved.Parent = "trunk0"
+	assertNoop(t, node, Desired{Links: []Link{outer, moved, on}, DAD: fastDAD})
+}

@@ -82,7 +82,7 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 		return create()
 	}
 	var ops []Op
-	if diff := differs(l, ol); !ol.Owned {
+	if diff := differs(l, kernelParent(l, want, o), ol); !ol.Owned {
 		if !l.Adopt {
 			return conflict("exists and was not created by nodeagent; left untouched (set adopt: true to take it over)")
 		}
@@ -148,14 +148,38 @@ func waitingForParent(d Desired, o Observed) map[string]string {
 	return waiting
 }
 
-// differs says why an existing link cannot become l by changing it in
-// place, or "" when it can.
-func differs(l Link, ol ObservedLink) string {
+// kernelParent is the parent l reads back with once made: its Parent,
+// except for a macvlan on a macvlan, which the kernel puts on that
+// macvlan's own lower device (macvlan_common_newlink), so that it reads
+// back as a sibling. Compared with its Parent, it would be made again on
+// every sync.
+func kernelParent(l Link, want map[string]Link, o Observed) string {
+	if l.Kind != Macvlan {
+		return l.Parent
+	}
+	if p, ok := o.Links[l.Parent]; ok {
+		if p.Kind == string(Macvlan) && p.Parent != "" {
+			return p.Parent
+		}
+		return l.Parent
+	}
+	if p, ok := want[l.Parent]; ok && p.Kind == Macvlan {
+		return p.Parent // made by this sync, on its parent
+	}
+	return l.Parent
+}
+
+// differs says why an existing link cannot become l, whose parent reads
+// back as parent (kernelParent), by changing it in place, or "" when it
+// can.
+func differs(l Link, parent string, ol ObservedLink) string {
 	switch {
 	case ol.Kind != string(l.Kind):
 		return fmt.Sprintf("it is a %s, not a %s", ol.Kind, l.Kind)
-	case ol.Parent != l.Parent:
+	case ol.Parent != parent && parent == l.Parent:
 		return fmt.Sprintf("parent %s -> %s", ol.Parent, l.Parent)
+	case ol.Parent != parent:
+		return fmt.Sprintf("parent %s -> %s (%s's parent: a macvlan on a macvlan is on that one's parent)", ol.Parent, parent, l.Parent)
 	case l.Kind == VLAN && ol.VLANID != l.VLANID:
 		return fmt.Sprintf("vlan id %d -> %d", ol.VLANID, l.VLANID)
 	case l.Kind == Macvlan && ol.Mode != l.Mode:
