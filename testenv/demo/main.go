@@ -91,6 +91,9 @@ func main() {
 }
 
 type demo struct {
+	// shimIndex is vlan50-shim's ifindex once the node converged: a link
+	// made again (deleted and added) gets a new one.
+	shimIndex string
 	// ctx ends when the demo is interrupted: the commands it runs end
 	// with it (exec.CommandContext), so none outlives it.
 	ctx            context.Context
@@ -386,6 +389,17 @@ func (d *demo) trunk() {
 	d.check(strings.Contains(addrs, "10.10.50.1/24") && strings.Contains(addrs, "10.10.50.3/24"), d.vlan+" with 10.10.50.1/24 and vlan50-shim with 10.10.50.3/24", addrs)
 	_, err := d.try(d.lan, "ping", "-c", "1", "-W", "1", "-I", "10.10.50.20", "10.10.50.3")
 	d.check(err == nil, "the pod on VLAN 50 reaches the node's shim")
+	d.shimIndex = d.linkIndex("vlan50-shim")
+}
+
+// linkIndex is the node's link name's ifindex, "" if it has none.
+func (d *demo) linkIndex(name string) string {
+	out, err := d.try(d.node, "ip", "-o", "link", "show", "dev", name)
+	if err != nil {
+		return ""
+	}
+	i, _, _ := strings.Cut(out, ":")
+	return strings.TrimSpace(i)
 }
 
 func (d *demo) piaTunnel() {
@@ -544,6 +558,8 @@ func (d *demo) operations() {
 	eventually(10*time.Second, func() bool { _, code := d.nodeagentctl("status"); return code == 0 })
 	out, code = d.nodeagentctl("status")
 	d.check(code == 0, "nodeagentctl status: ready, not degraded (exit 0)")
+	idx := d.linkIndex("vlan50-shim")
+	d.check(idx != "" && idx == d.shimIndex, fmt.Sprintf("vlan50-shim is still the link made at the start (ifindex %s): no sync made it again", idx), "was ", d.shimIndex)
 	for _, l := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
 		fmt.Println("    │ " + l)
 	}
