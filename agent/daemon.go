@@ -201,7 +201,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	err := d.load(false)
 	d.staging = false
 	if err != nil {
-		d.stager.Finish()
+		d.finishStager()
 		if o.Host == nil {
 			d.host.Close()
 		}
@@ -209,7 +209,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	kc, err := kube.FromConfig(d.cfg)
 	if err != nil {
-		d.stager.Finish()
+		d.finishStager()
 		return nil, err
 	}
 	d.labeler = kube.New(kc, d.log)
@@ -218,6 +218,21 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	d.status = api.Status{Version: o.Version, ConfigFile: o.Config, Started: time.Now().UTC(), Conditions: []api.Condition{}}
 	d.setCondition(api.CondReady, api.False, "Starting", "the first sync has not finished")
 	return d, nil
+}
+
+// finishStager deletes the start-up's stages when the daemon does not
+// start, waiting a little for it.
+func (d *Daemon) finishStager() {
+	d.stager.Finish()
+	waitStager(d.stager, d.log)
+}
+
+// waitStager waits a little for s's stage deletions before the process
+// ends; what it cuts short the next start deletes.
+func waitStager(s *wg.Stager, log *slog.Logger) {
+	if !s.Wait(5 * time.Second) {
+		log.Warn("stopping before a staging device is deleted; the next start deletes it")
+	}
 }
 
 // Run runs the daemon until ctx ends. A clean stop leaves every kernel
@@ -231,8 +246,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer d.host.Close()
 	}
 	// Before the host is closed: the start-up's stages if no first sync
-	// took them (Run failed before it).
-	defer func() { d.stager.Finish() }()
+	// took them (Run failed before it). Their deletion runs in the
+	// background; a stop waits a little for it, and what it cuts short
+	// the next start deletes.
+	stager := d.stager
+	defer func() {
+		d.stager.Finish()
+		waitStager(stager, d.log)
+	}()
 	if err := watchNetlink(ctx, d.host, &d.want, d.kickNow, d.log); err != nil {
 		return fmt.Errorf("rtnetlink events: %w", err)
 	}

@@ -216,7 +216,7 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) err
 	if err == nil {
 		// And a start-up's staging device that a daemon which died left
 		// behind: it holds the device's key and peers.
-		wg.NewStager(h, log)
+		wg.NewStager(h, log).Wait(0)
 	}
 	// The PIA registrations ran on devices that are gone now; a later
 	// run registers afresh. (Keys and the cached server list stay.)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/testenv"
@@ -39,9 +40,10 @@ func TestDaemonStagedStart(t *testing.T) {
 	if got := r.d.cv.WG().PeerWrites(); got != 0 {
 		t.Errorf("the first sync wrote %d peers itself; the staging device should have held them", got)
 	}
-	if out := ns.Exec(t, "ip", "-o", "link", "show"); strings.Contains(out, "nastg") {
-		t.Errorf("a staging device is left:\n%s", out)
-	}
+	// Stages are deleted in the background, off the loop.
+	waitFor(t, "no staging device left", 30*time.Second, func() bool {
+		return !strings.Contains(ns.Exec(t, "ip", "-o", "link", "show"), "nastg")
+	})
 	if out := ns.Exec(t, "ip", "-o", "addr", "show", "dev", dev); !strings.Contains(out, "10.93.0.1/24") || !strings.Contains(ns.Exec(t, "ip", "-o", "link", "show", dev), "UP") {
 		t.Errorf("%s is not up with its address", dev)
 	}

@@ -23,3 +23,6 @@ func StageMessages(st *Stage) (sent int64, bound int) {
 	page := pageLimit()
 	return st.msgs, (bytes+page-1)/page + 1
 }
+
+// SetDelLink makes s delete its stages with del, which a test may hold up.
+func SetDelLink(s *Stager, del func(index int) error) { s.delLink = del }

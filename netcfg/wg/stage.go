@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"log/slog"
 	"net/netip"
 	"strings"
@@ -41,6 +42,12 @@ import (
 // else may use at the same time, and the caller calls Finish after the
 // first sync. A stage left by a process that died is deleted by the next
 // NewStager.
+//
+// Stages are deleted in the background (Wait waits for that): the kernel
+// deletes a WireGuard device's peers one RCU grace period each
+// (netif_napi_del, under RTNL), so a stage of thousands of peers takes
+// seconds to delete (90 s under TCG for 5000), which the daemon's loop,
+// and the sync that found the stage of no use, must not wait for.
 type Stager struct {
 	Host *host.Host
 	Log  *slog.Logger
@@ -52,6 +59,11 @@ type Stager struct {
 	// them, so that it never uses Host beside one (a start-up read that
 	// overran its deadline may still be in Begin).
 	begins sync.WaitGroup
+	// deletes are the stage deletions under way (deleteLater).
+	deletes sync.WaitGroup
+	// delLink deletes a link by index on a netlink handle of its own; nil
+	// is the kernel's (tests hold a deletion up with their own).
+	delLink func(index int) error
 }
 
 // stagePrefix begins every staging device's name.
@@ -70,15 +82,63 @@ func NewStager(h *host.Host, log *slog.Logger) *Stager {
 	}
 	for _, l := range links {
 		if l.Kind == "wireguard" && l.Group == host.StagingGroup && strings.HasPrefix(l.Name, stagePrefix) {
-			h.Wrote(1)
-			if err := h.NL().LinkDel(link(l.Index)); err != nil {
-				log.Warn("cannot delete a staging device left behind", "link", l.Name, "err", err)
-			} else {
-				log.Info("deleted a staging device left behind", "link", l.Name)
-			}
+			s.deleteLater(l.Index, l.Name, "a staging device left behind")
 		}
 	}
 	return s
+}
+
+// deleteLater deletes the staging device index (called name; what is
+// what it is, for the log) on a goroutine and a netlink handle of its
+// own, opened here, so that nothing of Host is used once it returns.
+func (s *Stager) deleteLater(index int, name, what string) {
+	s.Host.Wrote(1)
+	del := s.delLink
+	var nl *netlink.Handle
+	if del == nil {
+		var err error
+		if nl, err = netlink.NewHandleAt(s.Host.NS(), unix.NETLINK_ROUTE); err != nil {
+			s.Log.Warn("cannot delete "+what, "link", name, "err", err)
+			return
+		}
+		del = func(index int) error { return nl.LinkDel(link(index)) }
+	}
+	s.deletes.Add(1)
+	go func() {
+		defer s.deletes.Done()
+		if nl != nil {
+			defer nl.Close()
+		}
+		if err := del(index); err != nil {
+			s.Log.Warn("cannot delete "+what, "link", name, "err", err)
+		} else {
+			s.Log.Info("deleted "+what, "link", name)
+		}
+	}()
+}
+
+// Wait waits for the stage deletions under way, up to timeout (0: no
+// limit), and reports whether they are done. One cut short goes on in
+// the background; a stage a process left at its exit is deleted by the
+// next NewStager.
+func (s *Stager) Wait(timeout time.Duration) bool {
+	if s == nil {
+		return true
+	}
+	done := make(chan struct{})
+	go func() { s.deletes.Wait(); close(done) }()
+	if timeout <= 0 {
+		<-done
+		return true
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // Stage is one staging device (see Stager).
@@ -351,7 +411,8 @@ func (sp stagedPeer) same(a *Op) bool {
 		settingsDiffer(a.Peer, p.Keepalive, p.PresharedKey, p.AllowedIPs) == 0
 }
 
-// Discard deletes the stage device unless a sync took it.
+// Discard deletes the stage device unless a sync took it, in the
+// background (deleteLater).
 func (st *Stage) Discard() {
 	if st == nil {
 		return
@@ -368,16 +429,13 @@ func (st *Stage) Discard() {
 	if h != nil {
 		h.Close()
 	}
-	if !del {
-		return
-	}
-	st.s.Host.Wrote(1)
-	if err := st.s.Host.NL().LinkDel(link(st.index)); err != nil {
-		st.s.Log.Warn("cannot delete a staging device", "link", st.name, "err", err)
+	if del {
+		st.s.deleteLater(st.index, st.name, "a staging device no sync took")
 	}
 }
 
-// Finish deletes every stage no sync took. The Stager begins no more.
+// Finish deletes every stage no sync took, in the background (Wait). The
+// Stager begins no more.
 func (s *Stager) Finish() {
 	if s == nil {
 		return

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -18,6 +19,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/register"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/testenv"
+	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
@@ -192,6 +194,7 @@ func TestStagedCreation(t *testing.T) {
 		}
 	}
 	st3.Finish()
+	st3.Wait(0)
 	if got := cv3.WG().PeerWrites(); got != n+2 {
 		t.Errorf("a mismatched stage: the sync wrote %d peers, want all %d", got, n+2)
 	}
@@ -213,8 +216,24 @@ func TestStagedCreation(t *testing.T) {
 	if len(stages(t, ns4.Host)) != 1 {
 		t.Fatal("no staging device")
 	}
+	// The deletion runs in the background: held up, Finish returns all
+	// the same (a kernel takes seconds to delete thousands of peers, which
+	// the daemon's loop must not wait for), and Wait waits for it.
+	release, deleting := make(chan struct{}), make(chan int, 1)
+	wg.SetDelLink(st4, func(index int) error {
+		deleting <- index
+		<-release
+		return ns4.NL.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index}})
+	})
 	st4.Finish()
-	if len(stages(t, ns4.Host)) != 0 {
+	if idx := <-deleting; len(stages(t, ns4.Host)) != 1 || idx != stages(t, ns4.Host)[0].Index {
+		t.Fatal("the stage is not the one being deleted")
+	}
+	if st4.Wait(10 * time.Millisecond) {
+		t.Error("Wait reported a held deletion done")
+	}
+	close(release)
+	if !st4.Wait(0) || len(stages(t, ns4.Host)) != 0 {
 		t.Error("Finish left an untaken staging device")
 	}
 	if _, err := ns4.Host.LinkCreate(host.LinkSpec{Name: "nastg0badf00d", Kind: "wireguard", Group: host.StagingGroup}); err != nil {
@@ -223,7 +242,7 @@ func TestStagedCreation(t *testing.T) {
 	if _, err := ns4.Host.LinkCreate(host.LinkSpec{Name: "nastgnotmine", Kind: "wireguard"}); err != nil {
 		t.Fatal(err)
 	}
-	wg.NewStager(ns4.Host, nil)
+	wg.NewStager(ns4.Host, nil).Wait(0)
 	if sl := stages(t, ns4.Host); len(sl) != 1 || sl[0].Name != "nastgnotmine" {
 		t.Errorf("after NewStager: %+v; want only nastgnotmine", sl)
 	}
