@@ -126,6 +126,9 @@ check status-shows-wg0 sh -c 'nodeagentctl status | grep -q wg0'
 check status-json sh -c 'nodeagentctl status -o json | grep -q "\"ready\": true"'
 check vlan ip -d link show trunk0.50
 check wg-kernel wg show wg0
+# wg0 was filled at start-up through a staging device (nastg..., renamed
+# to wg0 by the first sync, under udev): none is left behind.
+check no-staging-device-left wait_for 20 sh -c '! ip -o link show | grep -q nastg'
 check wg-userspace sh -c 'test -S /run/wireguard/wg1.sock && wg show wg1'
 check rule sh -c 'ip rule show | grep "^1000:" | grep -q "lookup vlan50-egress"'
 check route-proto sh -c 'ip route show table 150 | grep -q "proto nodeagent"'
