@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -40,11 +39,11 @@ func TestResponseBodiesAreCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if n, err := c.CoreV1().Nodes().Get(ctx, "small", metav1.GetOptions{}); err != nil || n.Name != "n1" {
+	if n, err := c.GetNode(ctx, "small"); err != nil || n.Name != "n1" {
 		t.Fatalf("an ordinary Node: %v", err)
 	}
 	for _, name := range []string{"big", "chunked"} {
-		_, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		_, err := c.GetNode(ctx, name)
 		if err == nil || !strings.Contains(err.Error(), "refused") {
 			t.Errorf("a %s response over %d bytes: %v; want it refused", name, MaxResponseBytes, err)
 		}

@@ -29,7 +29,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeagent/nodeagent/agent/api"
@@ -198,10 +197,10 @@ type Labeler struct {
 	wake chan struct{}
 	now  func() time.Time
 	// newClient builds the API client; tests replace it.
-	newClient func(Config) (kubernetes.Interface, error)
+	newClient func(Config) (*nodeClient, error)
 	// client is built from clientKey's credentials; only Run's goroutine
 	// touches these.
-	client    kubernetes.Interface
+	client    *nodeClient
 	clientKey string
 
 	mu sync.Mutex

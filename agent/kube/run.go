@@ -15,8 +15,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -192,12 +190,11 @@ func (l *Labeler) sync(ctx context.Context, cfg Config) (syncResult, error) {
 	if err != nil {
 		return syncResult{}, err
 	}
-	nodes := c.CoreV1().Nodes()
 	// Apply creates a missing object, and a node identity may create its
 	// own Node; a Node with only nodeagent's labels would confuse the
 	// kubelet's registration, so the Node must exist first. (The kubelet
 	// never deletes its Node, so the race with Apply is harmless.)
-	node, err := nodes.Get(ctx, cfg.NodeName, metav1.GetOptions{})
+	node, err := c.GetNode(ctx, cfg.NodeName)
 	if err != nil {
 		return syncResult{}, fmt.Errorf("get node %s: %w", cfg.NodeName, err)
 	}
@@ -212,8 +209,7 @@ func (l *Labeler) sync(ctx context.Context, cfg Config) (syncResult, error) {
 	// Each retry drops the keys the server named; three rounds cover a
 	// second manager taking a key between two applies.
 	for range 3 {
-		ac := corev1ac.Node(cfg.NodeName).WithLabels(apply.Labels).WithAnnotations(apply.Annotations)
-		_, err = nodes.Apply(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager})
+		err = c.ApplyNode(ctx, cfg.NodeName, apply.Labels, apply.Annotations)
 		if err == nil {
 			return res, nil
 		}
@@ -235,7 +231,7 @@ func (l *Labeler) sync(ctx context.Context, cfg Config) (syncResult, error) {
 
 // clientFor returns the API client for cfg, building it when the
 // credentials changed.
-func (l *Labeler) clientFor(cfg Config) (kubernetes.Interface, error) {
+func (l *Labeler) clientFor(cfg Config) (*nodeClient, error) {
 	if l.client != nil && l.clientKey == cfg.clientKey() {
 		return l.client, nil
 	}
@@ -255,7 +251,7 @@ func (e *credentialsError) Error() string { return "credentials: " + e.err.Error
 func (e *credentialsError) Unwrap() error { return e.err }
 
 // newClient builds a client from cfg's credentials.
-func newClient(cfg Config) (kubernetes.Interface, error) {
+func newClient(cfg Config) (*nodeClient, error) {
 	var rc *rest.Config
 	var err error
 	switch {
@@ -276,7 +272,7 @@ func newClient(cfg Config) (kubernetes.Interface, error) {
 		rc.Timeout = requestTimeout
 	}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return capBodies{rt} })
-	return kubernetes.NewForConfig(rc)
+	return newNodeClient(rc)
 }
 
 // MaxResponseBytes bounds what the labeler reads of one API response. The
