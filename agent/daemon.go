@@ -201,7 +201,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	err := d.load(false)
 	d.staging = false
 	if err != nil {
-		d.finishStager()
+		finishStager(d.stager, d.log)
 		if o.Host == nil {
 			d.host.Close()
 		}
@@ -209,7 +209,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	kc, err := kube.FromConfig(d.cfg)
 	if err != nil {
-		d.finishStager()
+		finishStager(d.stager, d.log)
 		return nil, err
 	}
 	d.labeler = kube.New(kc, d.log)
@@ -220,16 +220,11 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	return d, nil
 }
 
-// finishStager deletes the start-up's stages when the daemon does not
-// start, waiting a little for it.
-func (d *Daemon) finishStager() {
-	d.stager.Finish()
-	waitStager(d.stager, d.log)
-}
-
-// waitStager waits a little for s's stage deletions before the process
-// ends; what it cuts short the next start deletes.
-func waitStager(s *wg.Stager, log *slog.Logger) {
+// finishStager deletes the stages of s that no sync took (none once the
+// first sync finished it) and waits a little for its deletions before the
+// process ends; what that cuts short the next start deletes.
+func finishStager(s *wg.Stager, log *slog.Logger) {
+	s.Finish()
 	if !s.Wait(5 * time.Second) {
 		log.Warn("stopping before a staging device is deleted; the next start deletes it")
 	}
@@ -250,10 +245,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// background; a stop waits a little for it, and what it cuts short
 	// the next start deletes.
 	stager := d.stager
-	defer func() {
-		d.stager.Finish()
-		waitStager(stager, d.log)
-	}()
+	defer func() { finishStager(stager, d.log) }()
 	if err := watchNetlink(ctx, d.host, &d.want, d.kickNow, d.log); err != nil {
 		return fmt.Errorf("rtnetlink events: %w", err)
 	}

@@ -25,7 +25,7 @@ import (
 // fieldManager), and its errors are the same *errors.StatusError.
 type nodeClient struct{ c rest.Interface }
 
-// nodeScheme knows the core group's types and the meta types (Status,
+// nodeCodecs know the core group's types and the meta types (Status,
 // for the server's errors).
 var nodeCodecs = func() serializer.CodecFactory {
 	s := runtime.NewScheme()

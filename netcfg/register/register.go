@@ -275,9 +275,7 @@ func (c *Cache) LoadStream(dir string, opts config.Options, emit func([]Peer)) C
 			p, errs, ignore, st, ok := loadPeerFile(d, names[i], files[i], formats[i], opts)
 			out[i] = loaded{p, errs, ignore}
 			if ok {
-				id := idOf(st, opts)
-				racy := now.Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
-				c.put(files[i], cachedPeerFile{id, p, errs, ignore, racy})
+				c.remember(files[i], idOf(st, opts), p, errs, ignore, now)
 			}
 		}
 	}
@@ -389,9 +387,7 @@ func (c *Cache) LoadFile(dir, name string, opts config.Options) File {
 	}
 	p, errs, ignore, st, ok := loadPeerFile(d, name, file, format, opts)
 	if ok {
-		id := idOf(st, opts)
-		racy := c.clock().Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
-		c.put(file, cachedPeerFile{id, p, errs, ignore, racy})
+		c.remember(file, idOf(st, opts), p, errs, ignore, c.clock())
 	}
 	return File{Peer: p, Errors: errs, Ignored: ignore}
 }
@@ -966,6 +962,13 @@ func (c *Cache) clock() time.Time {
 		return time.Now()
 	}
 	return c.now()
+}
+
+// remember caches what reading file gave, id being what was read, at
+// now: racy if it was modified less than racyWindow before now (or after).
+func (c *Cache) remember(file string, id fileID, p Peer, errs config.ErrorList, ignore bool, now time.Time) {
+	racy := now.Sub(time.Unix(0, max(id.mtime, id.ctime))) < racyWindow
+	c.put(file, cachedPeerFile{id, p, errs, ignore, racy})
 }
 
 func (c *Cache) get(file string) (cachedPeerFile, bool) {
