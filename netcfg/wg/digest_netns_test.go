@@ -314,7 +314,7 @@ func TestKernelReaderMatchesWgctrl(t *testing.T) {
 	if err := h.configure("wgrd0", ImplKernel, wgtypes.Config{PrivateKey: &key, ListenPort: &port, FirewallMark: &mark, Peers: peers}); err != nil {
 		t.Fatal(err)
 	}
-	kd, ok, err := h.readKernel("wgrd0")
+	kd, ok, err := h.readKernel("wgrd0", 0)
 	if err != nil || !ok {
 		t.Fatalf("read: %v (exists %v)", err, ok)
 	}
@@ -342,6 +342,14 @@ func TestKernelReaderMatchesWgctrl(t *testing.T) {
 	}
 	if ep := kd.peers[peers[43].PublicKey].Endpoint.String(); ep != "[2001:db8::7]:51999" {
 		t.Errorf("IPv6 endpoint read as %s", ep)
+	}
+	// The allowed IPs are cut from shared slabs: each peer's must end where
+	// its capacity does, so that an append to one never writes over the
+	// next peer's.
+	for k, p := range kd.peers {
+		if cap(p.AllowedIPs) != len(p.AllowedIPs) {
+			t.Fatalf("peer %s: allowed IPs of length %d, capacity %d", k, len(p.AllowedIPs), cap(p.AllowedIPs))
+		}
 	}
 	if d, _ := h.Digest("wgrd0", ImplKernel); d != kd.digest {
 		t.Error("the reader's digest is not the digest of the same state")

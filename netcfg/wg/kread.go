@@ -3,6 +3,7 @@ package wg
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,12 +25,17 @@ type kernelDevice struct {
 // own types first, then each peer is copied again), and hashes the same
 // dump into the device's digest, so the digest is exactly of the state
 // observed. exists is false when there is no such WireGuard device.
-func (h *Handle) readKernel(name string) (kd kernelDevice, exists bool, err error) {
+// hint is how many peers to make room for (peerHint).
+func (h *Handle) readKernel(name string, hint int) (kd kernelDevice, exists bool, err error) {
 	g, err := h.digester()
 	if err != nil {
 		return kernelDevice{}, false, err
 	}
-	kd.peers = make(map[wgtypes.Key]ObservedPeer, h.peersSeen[name])
+	kd.peers = make(map[wgtypes.Key]ObservedPeer, hint)
+	// The peers' allowed IPs are cut from shared slabs, a slice of its
+	// own (its capacity its length) for each peer: one allocation per
+	// slab, not one per peer.
+	var slab []netip.Prefix
 	var sum uint64
 	var seen, have uint32
 	exists, err = g.dump(name, func(m []byte) bool {
@@ -58,7 +64,7 @@ func (h *Handle) readKernel(name string) (kd kernelDevice, exists bool, err erro
 					kd.fwMark = int(binary.NativeEndian.Uint32(v))
 				}
 			case unix.WGDEVICE_A_PEERS:
-				return attrs(v, func(_ uint16, b []byte) bool { return readPeer(b, kd.peers) })
+				return attrs(v, func(_ uint16, b []byte) bool { return readPeer(b, kd.peers, &slab) })
 			}
 			return true
 		})
@@ -84,9 +90,27 @@ func (h *Handle) readKernel(name string) (kd kernelDevice, exists bool, err erro
 	return kd, true, nil
 }
 
+// peerHint is how many peers a read of device name makes room for: as
+// many as it had when this handle last read it, or, where it has not
+// read it yet, want (the desired count), so that the map of thousands of
+// peers a device taken from a stage has is made once rather than grown
+// and copied a dozen times.
+func (h *Handle) peerHint(name string, want int) int {
+	if n, ok := h.peersSeen[name]; ok {
+		return n
+	}
+	return want
+}
+
+// slabPrefixes is how many allowed IPs a slab holds.
+const slabPrefixes = 1024
+
 // readPeer parses one peer part into peers: a first part makes the peer,
-// a later one (the same key, more allowed IPs) adds to it.
-func readPeer(b []byte, peers map[wgtypes.Key]ObservedPeer) bool {
+// a later one (the same key, more allowed IPs) adds to it. A new peer's
+// allowed IPs are cut from *slab (refilled when short); a later part's
+// are appended, which copies them out of the slab, as its capacity is
+// its length.
+func readPeer(b []byte, peers map[wgtypes.Key]ObservedPeer, slab *[]netip.Prefix) bool {
 	var p ObservedPeer
 	var key, ips []byte
 	ok := attrs(b, func(typ uint16, v []byte) bool {
@@ -129,6 +153,11 @@ func readPeer(b []byte, peers map[wgtypes.Key]ObservedPeer) bool {
 	copy(p.PublicKey[:], key)
 	if have, seen := peers[p.PublicKey]; seen {
 		p = have
+	} else if n := countAttrs(ips); n > 0 {
+		if len(*slab) < n {
+			*slab = make([]netip.Prefix, max(n, slabPrefixes))
+		}
+		p.AllowedIPs, *slab = (*slab)[:0:n], (*slab)[n:]
 	}
 	if ips != nil && !attrs(ips, func(_ uint16, ip []byte) bool {
 		pfx, ok := parseAllowedIP(ip)
@@ -139,8 +168,17 @@ func readPeer(b []byte, peers map[wgtypes.Key]ObservedPeer) bool {
 	}) {
 		return false
 	}
+	p.AllowedIPs = slices.Clip(p.AllowedIPs)
 	peers[p.PublicKey] = p
 	return true
+}
+
+// countAttrs is how many attributes b holds (at most; a malformed one
+// ends the count).
+func countAttrs(b []byte) int {
+	n := 0
+	attrs(b, func(uint16, []byte) bool { n++; return true })
+	return n
 }
 
 // parseAllowedIP parses one WGALLOWEDIP nest.

@@ -30,8 +30,10 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		return Observed{}, err
 	}
 	named := make(map[string]bool, len(d.Devices))
+	wantPeers := make(map[string]int, len(d.Devices))
 	for _, dev := range d.Devices {
 		named[dev.Name] = true
+		wantPeers[dev.Name] = len(dev.Peers)
 	}
 	keep := map[int]string{}
 	for _, l := range links {
@@ -74,7 +76,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		if od.Impl == "" {
 			continue
 		}
-		if err := h.read(&od); err != nil {
+		if err := h.read(&od, wantPeers[name]); err != nil {
 			return Observed{}, fmt.Errorf("wireguard %s: read device: %w", name, err)
 		}
 		o.Devices[name] = od
@@ -104,11 +106,13 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 // from wireguard-go in process (readUserspace), another userspace device
 // through wgctrl (UAPI).
 // A device that turns out not to be WireGuard (a kernel link whose module
-// is gone, a TUN that is not, or no longer, one) gets Impl "".
-func (h *Handle) read(od *ObservedDevice) error {
+// is gone, a TUN that is not, or no longer, one) gets Impl "". hint is
+// how many peers it is expected to have (peerHint).
+func (h *Handle) read(od *ObservedDevice, hint int) error {
 	h.Host.Dumped(host.DumpWireGuard)
+	hint = h.peerHint(od.Name, hint)
 	if od.Impl == ImplKernel {
-		kd, ok, err := h.readKernel(od.Name)
+		kd, ok, err := h.readKernel(od.Name, hint)
 		if err != nil {
 			return err
 		}
@@ -125,7 +129,7 @@ func (h *Handle) read(od *ObservedDevice) error {
 	gen, running := h.Userspace.Generation(od.Name)
 	if running {
 		// This process's own device: read in process.
-		ok, err := h.readUserspace(od)
+		ok, err := h.readUserspace(od, hint)
 		if err != nil {
 			return err
 		}

@@ -33,15 +33,16 @@ func (u *Userspace) Get(name string, w *bytes.Buffer) (ok bool, err error) {
 // of wireguard-go's large heap per resync; this read leaves 2.2 MB (30 000
 // allocations), the new map of peers and wireguard-go's own formatting
 // among them (BenchmarkWGPoll5000/full/userspace).
-// ok is false when this process runs no such device.
-func (h *Handle) readUserspace(od *ObservedDevice) (ok bool, err error) {
+// ok is false when this process runs no such device; hint is how many
+// peers to make room for.
+func (h *Handle) readUserspace(od *ObservedDevice, hint int) (ok bool, err error) {
 	buf := bytes.NewBuffer(h.usBuf[:0])
 	ok, err = h.Userspace.Get(od.Name, buf)
 	h.usBuf = buf.Bytes()[:0]
 	if !ok || err != nil {
 		return ok, err
 	}
-	if err := parseUAPI(od, buf.Bytes(), h.peersSeen[od.Name]); err != nil {
+	if err := parseUAPI(od, buf.Bytes(), hint); err != nil {
 		return false, err
 	}
 	if h.peersSeen == nil {

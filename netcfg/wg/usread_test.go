@@ -53,7 +53,7 @@ func TestReadUserspace(t *testing.T) {
 	defer h.Close()
 	gen0, _ := u.Generation(nameA)
 	got := ObservedDevice{Name: nameA, Impl: ImplUserspace}
-	ok, err := h.readUserspace(&got)
+	ok, err := h.readUserspace(&got, 0)
 	if !ok || err != nil {
 		t.Fatalf("readUserspace: %v, %v", ok, err)
 	}
