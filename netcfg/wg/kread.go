@@ -83,10 +83,7 @@ func (h *Handle) readKernel(name string, hint int) (kd kernelDevice, exists bool
 		}
 	}
 	kd.digest = Digest{Sum: sum, Exists: true}
-	if h.peersSeen == nil {
-		h.peersSeen = map[string]int{}
-	}
-	h.peersSeen[name] = len(kd.peers)
+	h.sawPeers(name, len(kd.peers))
 	return kd, true, nil
 }
 
@@ -100,6 +97,15 @@ func (h *Handle) peerHint(name string, want int) int {
 		return n
 	}
 	return want
+}
+
+// sawPeers records that device name had n peers when last read, for
+// peerHint.
+func (h *Handle) sawPeers(name string, n int) {
+	if h.peersSeen == nil {
+		h.peersSeen = map[string]int{}
+	}
+	h.peersSeen[name] = n
 }
 
 // slabPrefixes is how many allowed IPs a slab holds.

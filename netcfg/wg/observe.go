@@ -29,11 +29,10 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 	if err != nil {
 		return Observed{}, err
 	}
-	named := make(map[string]bool, len(d.Devices))
-	wantPeers := make(map[string]int, len(d.Devices))
+	// The devices d names, with how many peers each is to have.
+	named := make(map[string]int, len(d.Devices))
 	for _, dev := range d.Devices {
-		named[dev.Name] = true
-		wantPeers[dev.Name] = len(dev.Peers)
+		named[dev.Name] = len(dev.Peers)
 	}
 	keep := map[int]string{}
 	for _, l := range links {
@@ -47,7 +46,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		case l.Kind == "tun" && h.Userspace != nil && h.Userspace.Running(l.Name):
 			impl = ImplUserspace
 		}
-		if !named[l.Name] && (d.Partial || !owned || impl == "") {
+		if _, isNamed := named[l.Name]; !isNamed && (d.Partial || !owned || impl == "") {
 			continue
 		}
 		o.Devices[l.Name] = ObservedDevice{
@@ -76,7 +75,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		if od.Impl == "" {
 			continue
 		}
-		if err := h.read(&od, wantPeers[name]); err != nil {
+		if err := h.read(&od, named[name]); err != nil {
 			return Observed{}, fmt.Errorf("wireguard %s: read device: %w", name, err)
 		}
 		o.Devices[name] = od

@@ -45,10 +45,7 @@ func (h *Handle) readUserspace(od *ObservedDevice, hint int) (ok bool, err error
 	if err := parseUAPI(od, buf.Bytes(), hint); err != nil {
 		return false, err
 	}
-	if h.peersSeen == nil {
-		h.peersSeen = map[string]int{}
-	}
-	h.peersSeen[od.Name] = len(od.Peers)
+	h.sawPeers(od.Name, len(od.Peers))
 	return true, nil
 }
 
