@@ -17,9 +17,15 @@ import (
 // setCondition sets a condition, moving its transition time only when its
 // status changes.
 func (d *Daemon) setCondition(typ, status, reason, msg string) {
-	d.metrics.SetCondition(typ, status)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.setConditionLocked(typ, status, reason, msg)
+}
+
+// setConditionLocked is setCondition with d.mu held, for a change of the
+// status that a reader must see whole (a rollback and its condition).
+func (d *Daemon) setConditionLocked(typ, status, reason, msg string) {
+	d.metrics.SetCondition(typ, status)
 	for i := range d.status.Conditions {
 		c := &d.status.Conditions[i]
 		if c.Type == typ {

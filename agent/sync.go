@@ -157,10 +157,12 @@ func (d *Daemon) apply(ctx context.Context, des netcfg.Desired, p netcfg.Plans) 
 			back := d.cv.Apply(ctx, bp)
 			d.badHash = d.hash
 			d.metrics.RolledBack(name)
+			// The rollback and its condition in one change of the
+			// status: a reader never sees the one without the other.
 			d.mu.Lock()
 			d.status.LastRollback = &api.Rollback{Time: time.Now().UTC(), Probe: name, Message: perr.Error(), ConfigHash: d.hash}
+			d.setConditionLocked(api.CondSafeApply, api.False, "RolledBack", fmt.Sprintf("probe %s failed after applying config %s (%v); rolled back, not retried until the config changes", name, d.hash, perr))
 			d.mu.Unlock()
-			d.setCondition(api.CondSafeApply, api.False, "RolledBack", fmt.Sprintf("probe %s failed after applying config %s (%v); rolled back, not retried until the config changes", name, d.hash, perr))
 			return back
 		}
 	}
