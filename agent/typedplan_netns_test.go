@@ -62,7 +62,13 @@ func TestSafeApplyAppliesTheCheckedPlan(t *testing.T) {
 	base, _ := os.ReadFile(l.cfg)
 	l.write(t, strings.Replace(string(base), "checks:\n  gatewayARP: false\n", "checks:\n  gatewayARP: false\n  apiServer: 192.0.2.10:6443\n", 1))
 	var armed atomic.Bool
-	type sync struct{ checked, applied []string }
+	// rule is whether rule 1000 was in the kernel as the sync ended:
+	// looked at in afterApply, before the next sync (the deletion's own
+	// event brings one) can repair it.
+	type sync struct {
+		checked, applied []string
+		rule             bool
+	}
 	syncs := make(chan sync, 8)
 	r := launch(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour }, func(d *Daemon) {
 		var checked []string
@@ -74,7 +80,8 @@ func TestSafeApplyAppliesTheCheckedPlan(t *testing.T) {
 			}
 		}
 		d.afterApply = func(_ netcfg.Plans, res netcfg.Result) {
-			syncs <- sync{checked, writes(res.Report)}
+			out, _ := l.node.TryExec("ip", "rule", "show", "priority", "1000")
+			syncs <- sync{checked, writes(res.Report), strings.Contains(out, "lookup 150")}
 		}
 	})
 	// A second sync, so there is a last good state and safe apply is on.
@@ -123,7 +130,7 @@ func TestSafeApplyAppliesTheCheckedPlan(t *testing.T) {
 	if slices.ContainsFunc(changed.applied, func(s string) bool { return strings.Contains(s, "rule 1000") }) {
 		t.Errorf("the sync re-added the rule deleted after its plan: %q", changed.applied)
 	}
-	if out, _ := l.node.TryExec("ip", "rule", "show", "priority", "1000"); strings.Contains(out, "lookup 150") {
+	if changed.rule {
 		t.Error("the rule deleted between plan and apply came back in the same sync")
 	}
 	// The deletion's own event brings a sync that plans and repairs it.
