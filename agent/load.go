@@ -42,6 +42,7 @@ func (d *Daemon) load(resync bool) error {
 	d.quietRuns = 0
 	d.loadGen, d.rawSum, d.dirIDs = r.gen, sha256.Sum256(r.raw), r.dirs
 	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(d.rawSum[:8])
+	d.setWarnings(r.cfg)
 	d.want.Store(interestOf(r.des))
 	d.setPIA(r.pia)
 	return nil

@@ -384,7 +384,7 @@ type planRequest struct{ reply chan<- api.Plan }
 
 func (r planRequest) serve(ctx context.Context, d *Daemon) {
 	p, err := d.cv.Plan(ctx, d.converging())
-	out := api.Plan{Lines: p.Report().Lines()}
+	out := api.Plan{Lines: p.Report().Lines(), Warnings: d.Status().Warnings}
 	if err != nil {
 		out.Error = err.Error()
 	}

@@ -91,10 +91,14 @@ func usesRouting(d netcfg.Desired) bool {
 // Validate checks the config at path and writes a one-line verdict to w.
 func Validate(w io.Writer, o Options) error {
 	path := o.Config
-	if _, _, err := Load(o); err != nil {
+	c, _, err := Load(o)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "%s: valid\n", path)
+	for _, warn := range Warnings(c) {
+		fmt.Fprintf(w, "warning: %s\n", warn)
+	}
 	return nil
 }
 
@@ -126,10 +130,12 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	for _, e := range unreadable {
 		fmt.Fprintf(w, "! %v (not readable without root; that part is not planned)\n", e)
 	}
+	warnings := Warnings(c)
 	if usesRouting(d) {
-		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
-			fmt.Fprintf(w, "warning: %s\n", warn)
-		}
+		warnings = append(warnings, NetworkdConflicts(DefaultNetworkdPaths())...)
+	}
+	for _, warn := range warnings {
+		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
 	if p.Empty() {
 		fmt.Fprintln(w, "no changes")

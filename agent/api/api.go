@@ -140,6 +140,9 @@ type Status struct {
 	LastRejected *Rejected `json:"lastRejected,omitempty"`
 	// LastRollback is the last change safe apply rolled back.
 	LastRollback *Rollback `json:"lastRollback,omitempty"`
+	// Warnings are what the running config gets wrong about the network
+	// (netcfg/lint), each "file:line: field: reason; the fix".
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // PIATunnel is a PIA tunnel's provider state. It holds nothing secret (no
@@ -231,6 +234,8 @@ type Plan struct {
 	Lines []string `json:"lines"`
 	// Error is what could not be planned, "" when everything was.
 	Error string `json:"error,omitempty"`
+	// Warnings are the running config's, as in Status.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Reload is what POST /v1/reload returns.

@@ -279,6 +279,9 @@ func (c *cli) plan(ctx context.Context, client *api.Client) int {
 	if err != nil {
 		return c.fail("plan", err)
 	}
+	for _, w := range p.Warnings {
+		fmt.Fprintf(c.stdout, "warning: %s\n", clean(w))
+	}
 	for _, l := range p.Lines {
 		fmt.Fprintln(c.stdout, clean(l))
 	}

@@ -69,6 +69,7 @@ var (
 		LastRejected: &api.Rejected{Time: now.Add(-10 * time.Minute), File: "/etc/nodeagent/nodeagent.yaml",
 			Errors: []string{"/etc/nodeagent/nodeagent.yaml:4: vlans[0].id: 4095 is outside 1-4094"}},
 		LastRollback: &api.Rollback{Time: now.Add(-303 * time.Second), Probe: "gateway-ping", Message: "10.10.50.1: 100% loss", ConfigHash: "9d8e7f6a"},
+		Warnings:     []string{"/etc/nodeagent/nodeagent.yaml:12: vlans[0].addresses[0]: macvlan pods on enp1s0.50 cannot reach 10.10.50.1 on enp1s0.50 itself; put it on vlan50-shim"},
 	}
 	notReadyStatus = &api.Status{
 		Version: "v0.5.0", Node: "node-b", ConfigFile: "/etc/nodeagent/nodeagent.yaml", ConfigHash: "77aa",
@@ -204,6 +205,8 @@ func TestStatus(t *testing.T) {
 			"  SafeApply  False   RolledBack  5m3s  probe gateway-ping failed after the change",
 			"Pending:",
 			"  routes  route default table 150: pending: dev wg-pia does not exist",
+			"Warnings (the config validates, but):",
+			"  /etc/nodeagent/nodeagent.yaml:12: vlans[0].addresses[0]: macvlan pods on enp1s0.50 cannot reach 10.10.50.1 on enp1s0.50 itself; put it on vlan50-shim",
 			"Last rejected reload: 2026-12-01 08:50:00 UTC (10m0s ago), /etc/nodeagent/nodeagent.yaml",
 			"  /etc/nodeagent/nodeagent.yaml:4: vlans[0].id: 4095 is outside 1-4094",
 			"Last rollback: 2026-12-01 08:54:57 UTC (5m3s ago), probe gateway-ping failed after the change; config 9d8e7f6a is not retried until it changes",
@@ -304,6 +307,9 @@ PIA wg-pia: addKey, region nl_amsterdam
 Pending:
   routes  route default table 150: pending: dev wg-pia does not exist
 
+Warnings (the config validates, but):
+  /etc/nodeagent/nodeagent.yaml:12: vlans[0].addresses[0]: macvlan pods on enp1s0.50 cannot reach 10.10.50.1 on enp1s0.50 itself; put it on vlan50-shim
+
 Last rejected reload: 2026-12-01 08:50:00 UTC (10m0s ago), /etc/nodeagent/nodeagent.yaml
   /etc/nodeagent/nodeagent.yaml:4: vlans[0].id: 4095 is outside 1-4094
 
@@ -390,6 +396,8 @@ func TestPlan(t *testing.T) {
 		{"changes", api.Plan{Lines: []string{"+ link shim0 (macvlan bridge on enp1s0, up)", "~ route default table 150"}}, 0,
 			"+ link shim0 (macvlan bridge on enp1s0, up)\n~ route default table 150\n", ""},
 		{"no changes", api.Plan{}, 0, "no changes\n", ""},
+		{"a warning", api.Plan{Warnings: []string{"f.yaml:3: vlans[0].addresses[0]: macvlan pods on v cannot reach 10.0.0.1 on v itself; put it on s"}}, 0,
+			"warning: f.yaml:3: vlans[0].addresses[0]: macvlan pods on v cannot reach 10.0.0.1 on v itself; put it on s\nno changes\n", ""},
 		{"incomplete", api.Plan{Lines: []string{"+ link shim0"}, Error: "nftables: netlink: permission denied"}, 1,
 			"+ link shim0\n", "nodeagentctl: plan incomplete: nftables: netlink: permission denied\n"},
 	}

@@ -77,6 +77,12 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 		tw.Flush()
 	}
 
+	if len(s.Warnings) > 0 {
+		b.WriteString("\nWarnings (the config validates, but):\n")
+		for _, w := range s.Warnings {
+			fmt.Fprintf(&b, "  %s\n", clean(w))
+		}
+	}
 	if r := s.LastRejected; r != nil {
 		fmt.Fprintf(&b, "\nLast rejected reload: %s, %s\n", stamp(r.Time, now), clean(r.File))
 		for _, e := range r.Errors {

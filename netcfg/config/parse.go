@@ -92,6 +92,7 @@ func ParseWith(file string, data []byte, opts Options) (*Config, error) {
 		d.decode(root, reflect.ValueOf(c).Elem(), "")
 	}
 	applyDefaults(c, d.pos)
+	c.Lines = Lines(d.pos)
 	v := d.validator(opts)
 	v.validate(c)
 	return c, v.result()

@@ -17,6 +17,10 @@ type Config struct {
 
 	// File is the path the config was read from; it prefixes every error.
 	File string `yaml:"-"`
+	// Lines maps each field path written in the file to its line, for
+	// what reports on the config after parsing (netcfg/lint); nil for a
+	// config built in code.
+	Lines Lines `yaml:"-"`
 }
 
 // Node identifies this node.
@@ -54,7 +58,9 @@ type VLAN struct {
 	Adopt bool `yaml:"adopt"`
 }
 
-// Macvlan is a host shim so the host can reach its own macvlan pods.
+// Macvlan is a host shim so the host can reach its own macvlan pods. The
+// pods' gateway belongs on the shim, not on its parent: a macvlan pod never
+// reaches its parent link's addresses.
 type Macvlan struct {
 	Name string `yaml:"name"`
 	// Parent is the link the shim sits on: the trunk, a VLAN, or another
