@@ -13,11 +13,12 @@ LOGDIR  := .cache/test
 # worth proving on Debian's own kernel. The CLI's WireGuard
 # test and the PIA kill -9/restart test (a kernel device must keep its
 # ifindex and session) run there too (VM_CMD_TESTS), by themselves: the other
-# CLI tests read the source tree.
+# CLI tests read the source tree. TestSameNodePods is the seeds' topology
+# with a real 8021q VLAN there (pods attached by Debian's macvlan CNI plugin).
 # Each package's tests get 20 minutes in the VM: under TCG the agent's take
 # about ten (every drift repair, PIA and safe-apply test with a real daemon).
 VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
-VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart
+VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart|TestSameNodePods
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
 .PHONY: deps deps-demo build test test-unit test-vm test-deb deb man bench fuzz lint demo clean

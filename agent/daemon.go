@@ -197,6 +197,8 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	// The start-up read fills new kernel WireGuard devices as it reads
 	// their registers; the first sync takes them (wg.Stager).
 	d.stager = wg.NewStager(d.host, d.log.With("subsystem", "wireguard"))
+	// The first load publishes the config's warnings into the status.
+	d.status = api.Status{Version: o.Version, ConfigFile: o.Config, Started: time.Now().UTC(), Conditions: []api.Condition{}}
 	d.staging = true
 	err := d.load(false)
 	d.staging = false
@@ -215,7 +217,6 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	d.labeler = kube.New(kc, d.log)
 	d.us = wg.NewUserspace(d.log.With("subsystem", "wireguard"))
 	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us}
-	d.status = api.Status{Version: o.Version, ConfigFile: o.Config, Started: time.Now().UTC(), Conditions: []api.Condition{}}
 	d.setCondition(api.CondReady, api.False, "Starting", "the first sync has not finished")
 	return d, nil
 }

@@ -2,9 +2,7 @@ package agent
 
 import (
 	"crypto/tls"
-	"encoding/binary"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -65,62 +63,15 @@ func hookRuns(t *testing.T, log string) []int {
 // in ns until the test ends.
 func serveVLAN(t *testing.T, ns *testenv.NetNS, ports ...int) {
 	for _, port := range ports {
-		addr := "10.10.50.20:" + strconv.Itoa(port)
-		serveHello(t, ns, addr)
-		pc, err := ns.Host.ListenPacket("udp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pc.Close() })
-		go func() {
-			b := make([]byte, 64)
-			for {
-				n, from, err := pc.ReadFrom(b)
-				if err != nil {
-					return
-				}
-				pc.WriteTo(b[:n], from)
-			}
-		}()
+		piastub.Serve(t, ns, "10.10.50.20:"+strconv.Itoa(port))
 	}
 }
 
-// reachTCP reports whether a TCP connection from ns to addr gets "hello".
-func reachTCP(ns *testenv.NetNS, addr string, timeout time.Duration) bool {
-	ok := false
-	ns.Host.Do(func() error {
-		c, err := net.DialTimeout("tcp", addr, timeout)
-		if err != nil {
-			return nil
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(timeout))
-		b := make([]byte, 5)
-		n, _ := c.Read(b)
-		ok = string(b[:n]) == "hello"
-		return nil
-	})
-	return ok
-}
-
-// reachUDP reports whether a datagram from ns to addr is echoed.
-func reachUDP(ns *testenv.NetNS, addr string, timeout time.Duration) bool {
-	ok := false
-	ns.Host.Do(func() error {
-		c, err := net.Dial("udp", addr)
-		if err != nil {
-			return nil
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(timeout))
-		c.Write([]byte("ping"))
-		b := make([]byte, 8)
-		n, _ := c.Read(b)
-		ok = string(b[:n]) == "ping"
-		return nil
-	})
-	return ok
-}
+var (
+	reachTCP = piastub.ReachTCP
+	reachUDP = piastub.ReachUDP
+	dnsQuery = piastub.DNSQuery
+)
 
 // public is the stub's public address at port.
 func public(port int) string { return piastub.Exit.String() + ":" + strconv.Itoa(port) }
@@ -327,7 +278,7 @@ func TestPIAPortScan(t *testing.T) {
 	decoys := []int{22, 80, 443, 8081, 9090}
 	serveVLAN(t, l.LAN, append([]int{8080}, decoys...)...)
 	// Something listening on the node itself, on every address.
-	serveHello(t, l.Node, ":2222")
+	piastub.ServeTCP(t, l.Node, ":2222")
 	r := startPIA(t, l, fastPF)
 	waitFor(t, "the port bound", 60*time.Second, func() bool { return forwardedPort(r) != 0 })
 	port := forwardedPort(r)
@@ -362,58 +313,6 @@ func TestPIAPortScan(t *testing.T) {
 	if len(openTCP) != 1 || openTCP[0] != port || len(openUDP) != 1 || openUDP[0] != port {
 		t.Errorf("open TCP %v, UDP %v; want exactly [%d] each", openTCP, openUDP, port)
 	}
-}
-
-// serveHello listens on addr (TCP) in ns until the test ends, writing
-// "hello" to whoever connects.
-func serveHello(t *testing.T, ns *testenv.NetNS, addr string) {
-	l, err := ns.Host.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("hello"))
-			c.Close()
-		}
-	}()
-}
-
-// dnsQuery asks server (over UDP, from ns) for name's A record.
-func dnsQuery(ns *testenv.NetNS, server, name string) (netip.Addr, error) {
-	var ans netip.Addr
-	err := ns.Host.Do(func() error {
-		c, err := net.Dial("udp", net.JoinHostPort(server, "53"))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		q := []byte{0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0}
-		for _, label := range strings.Split(name, ".") {
-			q = append(append(q, byte(len(label))), label...)
-		}
-		q = append(q, 0, 0, 1, 0, 1)
-		if _, err := c.Write(q); err != nil {
-			return err
-		}
-		b := make([]byte, 512)
-		n, err := c.Read(b)
-		if err != nil {
-			return err
-		}
-		if n < len(q)+16 || binary.BigEndian.Uint16(b[6:]) != 1 {
-			return fmt.Errorf("no answer record (rcode %d)", b[3]&0xf)
-		}
-		ans = netip.AddrFrom4([4]byte(b[n-4 : n]))
-		return nil
-	})
-	return ans, err
 }
 
 // TestPIADNS: the VLAN's DNS, to any address, is answered by PIA's

@@ -8,6 +8,7 @@ pkgs=(
   iproute2 nftables wireguard-tools iputils-ping tcpdump   # observing the kernel
   prometheus                                              # promtool and the server (monitoring)
   kmod                                                    # modprobe
+  containernetworking-plugins                             # the macvlan CNI plugin that attaches pods (demo, tests)
 )
 if [ "$what" = test ]; then
   pkgs+=(

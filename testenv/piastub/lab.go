@@ -34,21 +34,59 @@ type Lab struct {
 	// Extra is appended to the config WriteConfig writes; PIA is added
 	// to the device's pia section (indented by six spaces).
 	Extra, PIA string
+	// VLAN is the node's VLAN 50 link in a trunk lab (NewTrunkLab), made
+	// by nodeagent: enp1s0.50, or vlan50 standing in for it; "" in a lab
+	// whose VLAN is a veth of the test's own.
+	VLAN string
+	// OldLayout puts the pods' gateway on the VLAN link and routes their
+	// subnet out of it, as the example once did (a trunk lab only): pods
+	// on the node itself get no replies.
+	OldLayout bool
 }
+
+// Shim is the host shim's name in a trunk lab.
+const Shim = "vlan50-shim"
 
 // NewLab builds the gateway scenario and writes a config whose PIA device
 // uses region.
 func NewLab(t testing.TB, o Options, region string) *Lab {
 	t.Helper()
+	return newLab(t, o, region, false)
+}
+
+// NewTrunkLab is the seeds' own layering: LAN is at the far end of the
+// node's trunk enp1s0 and a host on VLAN 50 there (10.10.50.20); nodeagent
+// makes VLAN 50 on the trunk (enp1s0.50 where the kernel has 8021q; else a
+// macvlan in vepa mode, which, like a VLAN link, never reaches its own
+// macvlan children) and the host shim with the pods' gateway. Pods attach
+// to l.VLAN (testenv.AttachPod with l.NAD()).
+func NewTrunkLab(t testing.TB, o Options, region string) *Lab {
+	t.Helper()
+	return newLab(t, o, region, true)
+}
+
+func newLab(t testing.TB, o Options, region string, trunk bool) *Lab {
 	l := &Lab{LAN: testenv.NewNetNS(t), Node: testenv.NewNetNS(t), WAN: testenv.NewNetNS(t)}
 	l.Stub = Start(t, o)
 	l.Stub.ConnectTo(t, l.WAN)
-	l.Node.Veth(t, "vlan50", l.LAN, "eth0")
+	lanDev := "eth0"
+	switch {
+	case !trunk:
+		l.Node.Veth(t, "vlan50", l.LAN, "eth0")
+		run(t, l.Node, "ip addr add 10.10.50.1/24 dev vlan50", "ip addr add fd00:50::1/64 dev vlan50 nodad")
+	case testenv.HasModule("8021q"):
+		l.VLAN = "enp1s0.50"
+		l.Node.Veth(t, "enp1s0", l.LAN, "eth0")
+		run(t, l.LAN, "ip link add link eth0 name eth0.50 type vlan id 50", "ip link set eth0.50 up")
+		lanDev = "eth0.50"
+	default:
+		l.VLAN = "vlan50"
+		l.Node.Veth(t, "enp1s0", l.LAN, "eth0")
+	}
 	l.Node.Veth(t, "uplink", l.WAN, "eth0")
-	run(t, l.LAN, "ip addr add 10.10.50.20/24 dev eth0", "ip addr add fd00:50::20/64 dev eth0 nodad",
+	run(t, l.LAN, "ip addr add 10.10.50.20/24 dev "+lanDev, "ip addr add fd00:50::20/64 dev "+lanDev+" nodad",
 		"ip route add default via 10.10.50.1", "ip -6 route add default via fd00:50::1")
-	run(t, l.Node, "ip addr add 10.10.50.1/24 dev vlan50", "ip addr add fd00:50::1/64 dev vlan50 nodad",
-		"ip addr add 192.0.2.1/24 dev uplink", "ip addr add 2001:db8:1::1/64 dev uplink nodad",
+	run(t, l.Node, "ip addr add 192.0.2.1/24 dev uplink", "ip addr add 2001:db8:1::1/64 dev uplink nodad",
 		"ip route add default via 192.0.2.2", "ip -6 route add default via 2001:db8:1::2")
 	run(t, l.WAN, "ip addr add 192.0.2.2/24 dev eth0", "ip addr add 2001:db8:1::2/64 dev eth0 nodad",
 		"ip route add 10.10.50.0/24 via 192.0.2.1", "ip -6 route add fd00:50::/64 via 2001:db8:1::1",
@@ -86,7 +124,7 @@ func NewLab(t testing.TB, o Options, region string) *Lab {
 // WriteConfig (re)writes the lab's config with the PIA device in region.
 func (l *Lab) WriteConfig(t testing.TB, region string) {
 	t.Helper()
-	yaml := fmt.Sprintf(`
+	yaml := fmt.Sprintf(`%[10]s
 sysctls:
   net.ipv4.ip_forward: "1"
   net.ipv6.conf.all.forwarding: "1"
@@ -109,7 +147,7 @@ routing:
       killSwitch: true
       routes:
         - {to: default, dev: %[1]s}
-        - {to: 10.10.50.0/24, dev: vlan50}
+        - {to: 10.10.50.0/24, dev: %[11]s}
   rules:
     - {priority: 1000, from: 10.10.50.0/24, table: 150}
     - {priority: 1001, from: "fd00:50::/64", table: 150}
@@ -119,11 +157,44 @@ firewall:
   killSwitch:
     - {from: 10.10.50.0/24, allowOut: [%[1]s]}
   mssClamp: [%[1]s]
-`, l.Dev, region, l.Cred, l.Files.ServerList, l.Files.TokenURL, l.Files.CAFile, l.Files.ServerListKeyFile, l.Files.WebCAFile, l.PIA) + l.Extra
+`, l.Dev, region, l.Cred, l.Files.ServerList, l.Files.TokenURL, l.Files.CAFile, l.Files.ServerListKeyFile, l.Files.WebCAFile, l.PIA, l.links(), l.podsDev()) + l.Extra
 	if err := os.WriteFile(l.Config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
+
+// links are the trunk lab's VLAN 50 and shim, for the config.
+func (l *Lab) links() string {
+	if l.VLAN == "" {
+		return ""
+	}
+	vlan, shim := "", "[10.10.50.1/24, \"fd00:50::1/64\"]"
+	if l.OldLayout {
+		vlan, shim = ", addresses: [10.10.50.1/24, \"fd00:50::1/64\"]", "[10.10.50.3/32]"
+	}
+	s := "dad: {probes: 1, interval: 50ms, wait: 200ms}\n"
+	if l.VLAN == "enp1s0.50" {
+		s += "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50" + vlan + "}\nmacvlans:\n"
+	} else {
+		s += "macvlans:\n  - {name: vlan50, parent: enp1s0, mode: vepa" + vlan + "}   # stands in for enp1s0.50\n"
+	}
+	return s + "  - {name: " + Shim + ", parent: " + l.VLAN + ", addresses: " + shim + "}\n"
+}
+
+// podsDev is the link table 150 reaches the VLAN's hosts by: the shim in
+// a trunk lab (the VLAN link in its old layout).
+func (l *Lab) podsDev() string {
+	switch {
+	case l.VLAN == "":
+		return "vlan50"
+	case l.OldLayout:
+		return l.VLAN
+	}
+	return Shim
+}
+
+// NAD is the trunk lab's NetworkAttachmentDefinition for pods on VLAN 50.
+func (l *Lab) NAD() map[string]any { return testenv.NAD(l.VLAN, "10.10.50.1", "fd00:50::1") }
 
 // PingFar sends one echo from the VLAN host to the far side and reports
 // whether it came back.

@@ -153,6 +153,11 @@ func installTools(cfg *Config, root string) (map[string]bool, error) {
 	libs := map[string]bool{}
 	for _, name := range DefaultTools {
 		src := ""
+		if filepath.IsAbs(name) {
+			if fi, err := os.Stat(name); err == nil && fi.Mode().IsRegular() {
+				src = name
+			}
+		}
 		for _, d := range toolDirs {
 			if fi, err := os.Stat(filepath.Join(d, name)); err == nil && fi.Mode().IsRegular() {
 				src = filepath.Join(d, name)
@@ -174,7 +179,7 @@ func installTools(cfg *Config, root string) (map[string]bool, error) {
 		for _, l := range deps {
 			libs[l] = true
 		}
-		installed[name] = true
+		installed[path.Base(name)] = true
 	}
 	for l := range libs {
 		if err := copyFile(l, filepath.Join(root, l)); err != nil {

@@ -51,9 +51,11 @@ var DefaultModules = []string{
 }
 
 // DefaultTools lists the host programs copied into the initramfs, with their
-// shared libraries, so tests can observe state and run baselines. A missing
-// tool is skipped with a note.
-var DefaultTools = []string{"ip", "nft", "wg", "tcpdump", "ping", "ss"}
+// shared libraries, so tests can observe state and run baselines. A name is
+// looked up in toolDirs, an absolute path taken as it is (the CNI plugins
+// that attach pods, which keep their path in the VM). A missing tool is
+// skipped with a note.
+var DefaultTools = []string{"ip", "nft", "wg", "tcpdump", "ping", "ss", "/usr/lib/cni/macvlan", "/usr/lib/cni/static"}
 
 // Config describes one run.
 type Config struct {
