@@ -5,12 +5,14 @@
 //
 //	demo [--step] [--nodeagent BIN] [--nodeagentctl BIN]
 //
-// The lab: a node with a trunk NIC (VLAN 50 on it, or a macvlan standing
-// in where the kernel has no 8021q, and the host shim), its uplink to a
-// WAN router, PIA behind the WAN (testenv/piastub: token, list, addKey,
-// real WireGuard servers, port forwarding) and its "internet"; a LAN
-// namespace with a NAS on the untagged LAN and a pod on VLAN 50; two
-// remote-access clients out on the WAN.
+// The lab: a node with a trunk NIC (VLAN 50 on it, or a macvlan in vepa
+// mode standing in where the kernel has no 8021q, and the host shim with
+// the pods' gateway), its uplink to a WAN router, PIA behind the WAN
+// (testenv/piastub: token, list, addKey, real WireGuard servers, port
+// forwarding) and its "internet"; a qBittorrent pod on the node itself,
+// attached to VLAN 50 by Debian's macvlan CNI plugin as Multus does; a LAN
+// namespace with a NAS on the untagged LAN and a host on VLAN 50 beyond
+// the trunk; two remote-access clients out on the WAN.
 package main
 
 import (
@@ -114,6 +116,7 @@ type demo struct {
 	phoneKey, laptopKey wgtypes.Key
 	nodeKey             wgtypes.Key
 	podHits             chan string
+	pod                 *testenv.Pod
 	metricsAddr         string
 	goodConfig          []byte
 }
@@ -190,6 +193,7 @@ func (d *demo) run() error {
 	d.piaRestart()
 	d.remoteAccess()
 	d.operations()
+	d.podGone()
 	return nil
 }
 
@@ -229,14 +233,13 @@ func (d *demo) build() {
 		d.vlan = "enp1s0.50"
 		d.sh(d.lan, "ip link add link eth0 name eth0.50 type vlan id 50", "ip link set eth0.50 up",
 			"ip addr add 10.10.50.20/24 dev eth0.50", "ip route add default via 10.10.50.1 src 10.10.50.20")
-		vlans = "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50, addresses: [10.10.50.1/24]}   # VLAN 50 on the trunk\n"
+		vlans = "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50}   # VLAN 50 on the trunk: no address, pods never reach it\n"
 	} else {
 		d.vlan = "vlan50"
-		d.note("(this kernel has no 8021q: a macvlan on the trunk stands in for VLAN 50)")
+		d.note("(this kernel has no 8021q: a macvlan in vepa mode on the trunk stands in for VLAN 50; like a VLAN link, it never reaches its own macvlan children)")
 		d.sh(d.lan, "ip addr add 10.10.50.20/24 dev eth0", "ip route add default via 10.10.50.1 src 10.10.50.20")
-		vlans = "macvlans:\n  - {name: vlan50, parent: enp1s0, addresses: [10.10.50.1/24]}   # stands in for enp1s0.50\n"
+		vlans = "macvlans:\n  - {name: vlan50, parent: enp1s0, mode: vepa}   # stands in for enp1s0.50\n"
 	}
-	d.podHits = d.listenPod("10.10.50.20:8080")
 
 	d.pia, d.wg0 = "wg-pia-demo", "wg0-demo"
 	files := d.stub.WriteFiles(d.dir)
@@ -257,7 +260,7 @@ func (d *demo) build() {
 	}
 	d.goodConfig = []byte(fmt.Sprintf(`# the seeds' homelab, as this demo runs it
 dad: {probes: 1, interval: 50ms, wait: 200ms}
-%s%s  - {name: vlan50-shim, parent: %s, addresses: [10.10.50.3/24]}   # the host shim
+%s%s  - {name: vlan50-shim, parent: %s, addresses: [10.10.50.1/24]}   # the host shim: the pods' gateway, a sibling they reach
 sysctls:
   net.ipv4.ip_forward: "1"
 wireguard:
@@ -270,7 +273,7 @@ wireguard:
       caFile: %s
       serverListKeyFile: %s
       webCAFile: %s
-      portForward: {enabled: true, to: 10.10.50.20, toPort: 8080}
+      portForward: {enabled: true, to: 10.10.50.10, toPort: 8080}   # qBittorrent
       dns: {for: [10.10.50.0/24]}
   - name: %s              # remote access for our own clients
     privateKeyFile: %s
@@ -287,20 +290,20 @@ firewall:
   killSwitch: [{from: 10.10.50.0/24, allowOut: [%s]}]
   mssClamp: [%s]
 `, vlans, macvlanHead, parentOfShim, d.pia, cred, files.ServerList, files.TokenURL, files.CAFile, files.ServerListKeyFile, files.WebCAFile,
-		d.wg0, keyFile, filepath.Join(d.dir, "peers.d"), d.pia, d.vlan, d.pia, d.pia, d.pia))
+		d.wg0, keyFile, filepath.Join(d.dir, "peers.d"), d.pia, "vlan50-shim", d.pia, d.pia, d.pia))
 	d.cfg = filepath.Join(d.dir, "nodeagent.yaml")
 	os.WriteFile(d.cfg, d.goodConfig, 0o644)
 	d.socket = filepath.Join(d.dir, "nodeagent.sock")
-	d.note("node, LAN (a NAS and a pod on VLAN 50), WAN, PIA (a stand-in with real WireGuard servers), its internet, two remote clients")
+	d.note("node, LAN (a NAS, and a host on VLAN 50 beyond the trunk), WAN, PIA (a stand-in with real WireGuard servers), its internet, two remote clients")
 	out, err := exec.CommandContext(d.ctx, d.bin, "validate", "-c", d.cfg, "--state-dir", filepath.Join(d.dir, "state")).CombinedOutput()
-	d.check(err == nil, "nodeagent validate: "+strings.TrimSpace(string(out)))
+	d.check(err == nil && !strings.Contains(string(out), "warning:"), "nodeagent validate: "+strings.TrimSpace(string(out)))
 }
 
 // listenPod is the pod's service (a torrent client's port): a TCP
-// listener that reports who connected.
-func (d *demo) listenPod(addr string) chan string {
+// listener in ns that reports who connected.
+func (d *demo) listenPod(ns *testenv.NetNS, addr string) chan string {
 	hits := make(chan string, 16)
-	l, err := d.lan.Host.Listen("tcp", addr)
+	l, err := ns.Host.Listen("tcp", addr)
 	if err != nil {
 		d.tool.Fatal(err)
 	}
@@ -374,22 +377,55 @@ func (d *demo) tunnel() api.PIATunnel {
 	return api.PIATunnel{}
 }
 
-// pingFar pings the internet from the pod.
+// pingFar pings the internet from the pod on the node.
 func (d *demo) pingFar() bool {
+	_, err := d.try(d.pod.NS, "ping", "-c", "1", "-W", "1", piastub.Far.String())
+	return err == nil
+}
+
+// pingFarBeyond pings the internet from the host on VLAN 50 beyond the trunk.
+func (d *demo) pingFarBeyond() bool {
 	_, err := d.try(d.lan, "ping", "-c", "1", "-W", "1", "-I", "10.10.50.20", piastub.Far.String())
 	return err == nil
 }
 
 func (d *demo) trunk() {
-	d.heading("the trunk: VLAN 50 and the host shim")
+	d.heading("the trunk: VLAN 50, the host shim, a pod on the node")
 	d.startDaemon()
 	out, code := d.nodeagentctl("wait", "--for=ready", "--timeout=60s")
 	d.check(code == 0, "nodeagent run converged the node (nodeagentctl wait --for=ready)", strings.TrimSpace(out))
-	addrs, _ := d.try(d.node, "ip", "-br", "addr", "show")
-	d.check(strings.Contains(addrs, "10.10.50.1/24") && strings.Contains(addrs, "10.10.50.3/24"), d.vlan+" with 10.10.50.1/24 and vlan50-shim with 10.10.50.3/24", addrs)
-	_, err := d.try(d.lan, "ping", "-c", "1", "-W", "1", "-I", "10.10.50.20", "10.10.50.3")
-	d.check(err == nil, "the pod on VLAN 50 reaches the node's shim")
+	addrs, _ := d.try(d.node, "ip", "-br", "addr", "show", "dev", "vlan50-shim")
+	d.check(strings.Contains(addrs, "10.10.50.1/24"), "vlan50-shim holds the pods' gateway 10.10.50.1/24 ("+d.vlan+" has no address: a macvlan pod never reaches its parent)", addrs)
 	d.shimIndex = d.linkIndex("vlan50-shim")
+	// qBittorrent's pod, as Multus attaches it: Debian's macvlan plugin,
+	// bridge mode on VLAN 50, static IPAM from the pod's annotation.
+	d.pod = testenv.AttachPod(d.tool, d.node, testenv.NAD(d.vlan, "10.10.50.1", ""), "qbittorrent", "10.10.50.10/24")
+	d.podHits = d.listenPod(d.pod.NS, "10.10.50.10:8080")
+	d.check(true, "a qBittorrent pod attached to "+d.vlan+" at 10.10.50.10 by the real macvlan CNI plugin (CNI ADD, as Multus invokes it)")
+	_, err := d.try(d.pod.NS, "ping", "-c", "1", "-W", "1", "10.10.50.1")
+	d.check(err == nil, "the pod reaches its gateway 10.10.50.1 on the shim")
+	_, err = d.try(d.lan, "ping", "-c", "1", "-W", "1", "-I", "10.10.50.20", "10.10.50.1")
+	d.check(err == nil, "a host on VLAN 50 beyond the trunk reaches it too")
+	// What a VLAN link does towards its macvlan children, and so what its
+	// stand-in must do: never reach them. From the shim, a sibling, they are.
+	_, err = d.try(d.node, "ping", "-c", "1", "-W", "1", "-I", d.vlan, "10.10.50.10")
+	d.check(err != nil, d.vlan+" itself does not reach the pod (as a VLAN link never reaches its macvlan children)")
+	_, err = d.try(d.node, "ping", "-c", "1", "-W", "1", "-I", "vlan50-shim", "10.10.50.10")
+	d.check(err == nil, "vlan50-shim reaches the pod")
+}
+
+// podGone removes the pod with CNI DEL, as the kubelet does when it goes:
+// nodeagent's objects stay as they were and there is nothing to plan.
+func (d *demo) podGone() {
+	d.heading("the pod goes (CNI DEL): nodeagent's objects stay")
+	d.pod.Del(d.tool)
+	d.check(true, "CNI DEL of the qBittorrent pod")
+	time.Sleep(time.Second)
+	out, code := d.nodeagentctl("plan")
+	d.check(code == 0 && strings.TrimSpace(out) == "no changes", "nodeagentctl plan: no changes", strings.TrimSpace(out))
+	idx := d.linkIndex("vlan50-shim")
+	d.check(idx == d.shimIndex, "vlan50-shim is the link made at the start (ifindex "+idx+")")
+	d.check(d.pingFarBeyond(), "the host on VLAN 50 beyond the trunk still reaches the internet through the tunnel")
 }
 
 // linkIndex is the node's link name's ifindex, "" if it has none.
@@ -408,7 +444,9 @@ func (d *demo) piaTunnel() {
 	tu := d.tunnel()
 	d.check(ok, fmt.Sprintf("registered with %s (%s), peer IP %s, handshake done, in %s", tu.ServerCN, tu.ServerIP, tu.PeerIP, took.Round(100*time.Millisecond)), tu.Phase, " ", tu.LastError)
 	_, ok = eventually(10*time.Second, d.pingFar)
-	d.check(ok, "the pod pings the internet ("+piastub.Far.String()+") through the tunnel")
+	d.check(ok, "the pod on the node pings the internet ("+piastub.Far.String()+") through the tunnel")
+	_, ok = eventually(10*time.Second, d.pingFarBeyond)
+	d.check(ok, "so does the host on VLAN 50 beyond the trunk")
 	exit := piastub.Count(d.tool, d.stub.Inet, "far", "in", "exit")
 	other := piastub.Count(d.tool, d.stub.Inet, "far", "in", "other")
 	d.check(exit > 0 && other == 0, fmt.Sprintf("the internet saw the stub's address %s only (%d packets, %d from anything else)", piastub.Exit, exit, other))
@@ -419,7 +457,7 @@ func (d *demo) piaTunnel() {
 		return code == 0 && port != 0
 	})
 	d.check(ok, fmt.Sprintf("nodeagentctl port: %d", port))
-	d.check(d.reachPod(port), fmt.Sprintf("a peer on the internet connects to %s:%d and reaches the pod at 10.10.50.20:8080", piastub.Exit, port))
+	d.check(d.reachPod(port), fmt.Sprintf("a peer on the internet connects to %s:%d and reaches the pod at 10.10.50.10:8080", piastub.Exit, port))
 }
 
 // reachPod connects from the internet to the stub's public address at
