@@ -179,10 +179,11 @@ func TestSameNodePods(t *testing.T) {
 		n.wait(p.Name+" reaching the internet", 20*time.Second, func() bool { return ping(p.NS, piastub.Far.String()) })
 	}
 	checkPods(t, "a layout change on the node", podsBefore, qbt, jd)
-	// The old layout leaked: the node's ICMP errors about the replies it
-	// could not deliver went to the far side by the main table. What the
-	// shim layout does is counted from here.
-	leaks := leakCounts(t, l)
+	// Not even the old layout leaked: the node's ICMP errors about the
+	// replies it could not deliver would go to the far side by the main
+	// table, and the kill switch's output rules drop them.
+	leaks := [4]int{}
+	noLeaks(t, l, "the old layout", leaks)
 	// The kernel's own IPv6 duplicate-address detection of the shim's
 	// address, which changes what ip(8) shows, ends before the node is compared.
 	n.wait("the shim's IPv6 address out of DAD", 10*time.Second, func() bool {
@@ -309,8 +310,25 @@ func TestSameNodePods(t *testing.T) {
 		t.Errorf("after CNI DEL the plan is not empty: %q", p.Lines)
 	}
 
-	// teardown: nodeagent's objects go; the pod's stay where their link can.
-	pods = []string{qbt.State(t)}
+	// qbittorrent gone too: what a peer sends to the forwarded port now
+	// finds no pod, and the node's ICMP errors about it (host unreachable,
+	// quoting the peer's packet) are dropped, not sent outside the tunnel.
+	qbt.Del(t)
+	drops := killSwitchDrops(t, l)
+	// The pod's neighbour entry would take up to a minute to fail (until
+	// then the node sends to its old MAC and reports nothing): forget it.
+	l.Node.Exec(t, "ip", "neigh", "flush", "to", "10.10.50.10")
+	n.wait("the node's ICMP errors about the gone pod dropped", 30*time.Second, func() bool {
+		if piastub.ReachUDP(l.Stub.Inet, public, 200*time.Millisecond) {
+			t.Fatal("the forwarded port answered with its pod gone")
+		}
+		return killSwitchDrops(t, l) > drops
+	})
+	noLeaks(t, l, "a forwarded port whose pod is gone", leaks)
+
+	// teardown: nodeagent's objects go; a pod's stay where their link can.
+	canary := testenv.AttachPod(t, l.Node, l.NAD(), "canary", "10.10.50.100/24", "fd00:50::100/64")
+	pods = []string{canary.State(t)}
 	n.cmd.Process.Signal(syscall.SIGTERM)
 	n.cmd.Wait()
 	out = l.Node.Exec(t, n.bin, "teardown", "--state-dir", l.StateDir)
@@ -323,14 +341,25 @@ func TestSameNodePods(t *testing.T) {
 	if l.VLAN == "vlan50" {
 		// The stand-in is not the pods' parent (the kernel puts a macvlan
 		// made on a macvlan on the real device), so they must be untouched.
-		checkPods(t, "teardown", pods, qbt)
-	} else if _, err := qbt.NS.TryExec("ip", "link", "show", qbt.IfName); err == nil {
-		checkPods(t, "teardown", pods, qbt)
+		checkPods(t, "teardown", pods, canary)
+	} else if _, err := canary.NS.TryExec("ip", "link", "show", canary.IfName); err == nil {
+		checkPods(t, "teardown", pods, canary)
 	} else {
 		// A real VLAN link takes its macvlan children with it: the
 		// kernel deletes them when it is deleted.
 		t.Logf("teardown deleted %s, and the kernel its macvlan children with it (the pods' links)", l.VLAN)
 	}
+}
+
+// killSwitchDrops is the kill switch's drop counter.
+func killSwitchDrops(t *testing.T, l *piastub.Lab) int {
+	out := l.Node.Exec(t, "nft", "list", "counter", "inet", "nodeagent", "ks_drops")
+	m := regexp.MustCompile(`packets (\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no ks_drops counter:\n%s", out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }
 
 // leakCounts are the lab's counters of what reached the WAN outside the

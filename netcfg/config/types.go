@@ -253,7 +253,9 @@ type ForwardAccept struct {
 	Out string `yaml:"out"`
 }
 
-// KillSwitch lets forwarded traffic from From leave only by AllowOut.
+// KillSwitch lets forwarded traffic from From leave only by AllowOut, and
+// so the ICMP errors the node itself sends about that traffic (they quote
+// its headers): those may otherwise go back to From only.
 type KillSwitch struct {
 	From     string   `yaml:"from"`
 	AllowOut []string `yaml:"allowOut"`

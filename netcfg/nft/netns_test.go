@@ -161,12 +161,16 @@ func TestDriftRepairedAndNoopSilent(t *testing.T) {
 			"+ nft inet nodeagent chain forward: ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n"},
 		// The kernel will not delete an object a rule refers to: the
 		// chain goes first.
-		{"counter deleted by hand", "flush chain inet nodeagent forward; delete counter inet nodeagent ks_drops",
+		{"counter deleted by hand", "flush chain inet nodeagent forward; flush chain inet nodeagent output; delete counter inet nodeagent ks_drops",
 			"+ nft inet nodeagent counter ks_drops\n" +
 				"+ nft inet nodeagent chain forward: ip saddr @ks_tun0_v4 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
 				"+ nft inet nodeagent chain forward: ip6 saddr @ks_tun0_v6 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
 				"+ nft inet nodeagent chain forward: ct state established,related accept\n" +
-				"+ nft inet nodeagent chain forward: iifname \"wg0\" oifname \"uplink\" accept\n"},
+				"+ nft inet nodeagent chain forward: iifname \"wg0\" oifname \"uplink\" accept\n" +
+				"+ nft inet nodeagent chain output: ct state related meta nfproto ipv4 meta l4proto icmp @th,160,32 @ks_tun0_v4 ip daddr != @ks_tun0_v4 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
+				"+ nft inet nodeagent chain output: ct state related meta nfproto ipv4 meta l4proto icmp @th,192,32 @ks_tun0_v4 ip daddr != @ks_tun0_v4 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
+				"+ nft inet nodeagent chain output: ct state related meta nfproto ipv6 meta l4proto ipv6-icmp @th,128,128 @ks_tun0_v6 ip6 daddr != @ks_tun0_v6 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n" +
+				"+ nft inet nodeagent chain output: ct state related meta nfproto ipv6 meta l4proto ipv6-icmp @th,256,128 @ks_tun0_v6 ip6 daddr != @ks_tun0_v6 oifname != @ks_tun0_out counter name \"ks_drops\" drop comment \"nodeagent kill switch\"\n"},
 		{"chain deleted", "flush chain inet nodeagent mssclamp; delete chain inet nodeagent mssclamp",
 			"+ nft inet nodeagent chain mssclamp { type filter hook forward priority -150; policy accept; }\n" +
 				"+ nft inet nodeagent chain mssclamp: oifname @mss_if tcp flags syn tcp option maxseg size set rt mtu\n" +

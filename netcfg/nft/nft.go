@@ -123,6 +123,7 @@ const (
 // Chain names.
 const (
 	forwardChain     = "forward"
+	outputChain      = "output"
 	mssChain         = "mssclamp"
 	postroutingChain = "postrouting"
 	preroutingChain  = "prerouting"
@@ -299,7 +300,7 @@ func (d Desired) Tables() []Table {
 			g.v6 = append(g.v6, k.From)
 		}
 	}
-	var fwd []Rule
+	var fwd, output []Rule
 	if len(ks) > 0 {
 		b.t.Objects = append(b.t.Objects, Object{Type: nftables.ObjTypeCounter, Name: KillSwitchCounter})
 	}
@@ -317,8 +318,19 @@ func (d Desired) Tables() []Table {
 				continue
 			}
 			src := b.prefixSet(base+fam.suffix, fam.v6, fam.pfx)
-			fwd = append(fwd, rule(KillSwitchComment, saddrInSet(fam.v6, src), oifnameInSet(out, true),
-				[]expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: KillSwitchCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}))
+			drop := []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: KillSwitchCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
+			fwd = append(fwd, rule(KillSwitchComment, saddrInSet(fam.v6, src), oifnameInSet(out, true), drop))
+			// An ICMP error the node itself sends about these sources'
+			// flows (a reply it could not deliver to a pod, a forwarded
+			// port whose pod is gone) quotes the flow's header; by the
+			// main table it would leave by the uplink, outside the tunnel,
+			// to the far side. It may leave by allowOut, or go back to the
+			// sources. The quoted header is matched, not the connection's
+			// tuple: google/nftables cannot write or read `ct reply`.
+			for _, inner := range []bool{false, true} {
+				output = append(output, rule(KillSwitchComment, ctStateRelated(), icmpQuotedAddrInSet(fam.v6, inner, src),
+					daddrInSet(fam.v6, src, true), oifnameInSet(out, true), drop))
+			}
 		}
 	}
 	if len(d.Forward) > 0 || len(d.PortForward) > 0 {
@@ -436,6 +448,12 @@ func (d Desired) Tables() []Table {
 			Name: postroutingChain, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting,
 			Priority: nftables.ChainPriorityRef(SrcNATPriority), Policy: &accept,
 		}, Rules: post})
+	}
+	if len(output) > 0 {
+		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
+			Name: outputChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput,
+			Priority: nftables.ChainPriorityRef(ForwardPriority), Policy: &accept,
+		}, Rules: output})
 	}
 	return []Table{b.t}
 }
@@ -649,6 +667,50 @@ func ctStateEstablishedRelated() []expr.Any {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 	}
+}
+
+// ctStateRelated is `ct state related`: a packet that belongs to another
+// connection (an ICMP error about it).
+func ctStateRelated() []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, expr.CtStateBitRELATED)
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// icmpQuotedAddrInSet is `meta l4proto icmp @th,160,32 @set` (the source
+// address of the IPv4 header an ICMP error quotes after its own 8 bytes),
+// with dst `@th,192,32` (its destination), or the ICMPv6 forms
+// (`@th,128,128`, `@th,256,128`), with the nfproto guard.
+func icmpQuotedAddrInSet(v6, dst bool, s setRef) []expr.Any {
+	proto, l4, off, n := byte(unix.NFPROTO_IPV4), byte(unix.IPPROTO_ICMP), uint32(8+12), uint32(4)
+	if v6 {
+		proto, l4, off, n = unix.NFPROTO_IPV6, unix.IPPROTO_ICMPV6, 8+8, 16
+	}
+	if dst {
+		off += n
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{l4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: n},
+		&expr.Lookup{SourceRegister: 1, SetName: s.name, SetID: s.id},
+	}
+}
+
+// daddrInSet is `ip daddr @set` or `ip6 daddr @set` (`!=` with invert),
+// with the meta nfproto guard nft adds in an inet table.
+func daddrInSet(v6 bool, s setRef, invert bool) []expr.Any {
+	out := saddrInSet(v6, s)
+	p, l := *out[2].(*expr.Payload), *out[3].(*expr.Lookup)
+	p.Offset += p.Len // the destination follows the source
+	l.Invert = invert
+	return append(out[:2], &p, &l)
 }
 
 // tcpFlagsSyn is `tcp flags syn`: TCP with the SYN bit set.

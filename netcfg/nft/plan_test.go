@@ -73,6 +73,11 @@ const gatewayColdPlan = `+ nft inet nodeagent table
 + nft inet nodeagent chain postrouting { type nat hook postrouting priority 100; policy accept; }
 + nft inet nodeagent chain postrouting: ip saddr @masq_enp1s0_v4 oifname "enp1s0" masquerade
 + nft inet nodeagent chain postrouting: ip saddr @masq_wg-pia_v4 oifname "wg-pia" masquerade
++ nft inet nodeagent chain output { type filter hook output priority -10; policy accept; }
++ nft inet nodeagent chain output: ct state related meta nfproto ipv4 meta l4proto icmp @th,160,32 @ks_wg-pia_v4 ip daddr != @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"
++ nft inet nodeagent chain output: ct state related meta nfproto ipv4 meta l4proto icmp @th,192,32 @ks_wg-pia_v4 ip daddr != @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"
++ nft inet nodeagent chain output: ct state related meta nfproto ipv6 meta l4proto ipv6-icmp @th,128,128 @ks_wg-pia_v6 ip6 daddr != @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"
++ nft inet nodeagent chain output: ct state related meta nfproto ipv6 meta l4proto ipv6-icmp @th,256,128 @ks_wg-pia_v6 ip6 daddr != @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"
 `
 
 func TestMakePlan(t *testing.T) {
@@ -122,7 +127,9 @@ func TestMakePlan(t *testing.T) {
 			s := setOf(t, "ks_wg-pia_out")
 			s.Elements = append(s.Elements, nftables.SetElement{Key: ifname("eth0")})
 		}), "- nft inet nodeagent set ks_wg-pia_out: element \"eth0\"\n"},
-		{"chain deleted by hand", d, observed(d, func(t *Table) { t.Chains = t.Chains[:2] }),
+		{"chain deleted by hand", d, observed(d, func(t *Table) {
+			t.Chains = slices.DeleteFunc(t.Chains, func(c Chain) bool { return c.Name == "postrouting" })
+		}),
 			"+ nft inet nodeagent chain postrouting { type nat hook postrouting priority 100; policy accept; }\n" +
 				"+ nft inet nodeagent chain postrouting: ip saddr @masq_enp1s0_v4 oifname \"enp1s0\" masquerade\n" +
 				"+ nft inet nodeagent chain postrouting: ip saddr @masq_wg-pia_v4 oifname \"wg-pia\" masquerade\n"},
@@ -176,7 +183,12 @@ func TestMakePlan(t *testing.T) {
 				"- nft inet nodeagent set ks_wg-pia_v6 { type ipv6_addr; flags interval; }\n" +
 				"- nft inet nodeagent chain forward { type filter hook forward priority -10; policy accept; }\n" +
 				`- nft inet nodeagent chain forward: ip saddr @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
-				`- nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
+				`- nft inet nodeagent chain forward: ip6 saddr @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+				"- nft inet nodeagent chain output { type filter hook output priority -10; policy accept; }\n" +
+				`- nft inet nodeagent chain output: ct state related meta nfproto ipv4 meta l4proto icmp @th,160,32 @ks_wg-pia_v4 ip daddr != @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+				`- nft inet nodeagent chain output: ct state related meta nfproto ipv4 meta l4proto icmp @th,192,32 @ks_wg-pia_v4 ip daddr != @ks_wg-pia_v4 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+				`- nft inet nodeagent chain output: ct state related meta nfproto ipv6 meta l4proto ipv6-icmp @th,128,128 @ks_wg-pia_v6 ip6 daddr != @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n" +
+				`- nft inet nodeagent chain output: ct state related meta nfproto ipv6 meta l4proto ipv6-icmp @th,256,128 @ks_wg-pia_v6 ip6 daddr != @ks_wg-pia_v6 oifname != @ks_wg-pia_out counter name "ks_drops" drop comment "nodeagent kill switch"` + "\n"},
 		{"teardown", Desired{}, observed(d, nil), "- nft inet nodeagent table\n"},
 		{"nothing wanted, nothing there", Desired{}, Observed{}, ""},
 	}

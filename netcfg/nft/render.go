@@ -364,6 +364,24 @@ func match(es []any) (string, int) {
 			}
 		}
 	}
+	// meta nfproto ipvX meta l4proto icmp[v6] @th,O,L; lookup or cmp.
+	if m, ok := at(0).(*expr.Meta); ok && isLoad(m, expr.MetaKeyNFPROTO) {
+		c, ok1 := at(1).(*expr.Cmp)
+		m2, ok2 := at(2).(*expr.Meta)
+		c2, ok3 := at(3).(*expr.Cmp)
+		p, ok4 := at(4).(*expr.Payload)
+		if ok1 && ok2 && ok3 && ok4 && isCmp(c, expr.CmpOpEq, 1) && isLoad(m2, expr.MetaKeyL4PROTO) && isCmp(c2, expr.CmpOpEq, 1) &&
+			isLoadPayload(p, expr.PayloadBaseTransportHeader) && (p.Len == 4 || p.Len == 16) {
+			l4 := map[byte]string{unix.IPPROTO_ICMP: "icmp", unix.IPPROTO_ICMPV6: "ipv6-icmp"}[c2.Data[0]]
+			fam := map[byte]string{unix.NFPROTO_IPV4: "ipv4", unix.NFPROTO_IPV6: "ipv6"}[c.Data[0]]
+			if rhs, ok := matchRHS(at(5), int(p.Len), func(b []byte) string {
+				a, _ := netip.AddrFromSlice(b)
+				return a.String()
+			}); ok && l4 != "" && fam != "" {
+				return fmt.Sprintf("meta nfproto %s meta l4proto %s @th,%d,%d %s", fam, l4, p.Offset*8, p.Len*8, rhs), 6
+			}
+		}
+	}
 	// iifname/oifname; lookup or cmp.
 	if m, ok := at(0).(*expr.Meta); ok && (isLoad(m, expr.MetaKeyIIFNAME) || isLoad(m, expr.MetaKeyOIFNAME)) {
 		field := "iifname"
