@@ -41,6 +41,9 @@ type Options struct {
 	// /var/lib/nodeagent): the PIA providers' registrations, keys and
 	// cached server lists, under pia/.
 	StateDir string
+	// Force lets teardown delete a link that links of other network
+	// namespaces (pods) sit on, which the kernel deletes with it.
+	Force bool
 }
 
 // Load reads and validates the config at o.Config and derives the desired
@@ -217,7 +220,13 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) err
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h, Log: log}
 	defer cv.Close()
-	p, err := cv.Teardown(ctx, o.TablesFile)
+	guard := func(p netcfg.Plans) error {
+		if o.Force {
+			return nil
+		}
+		return keepPods(ctx, h, p, log)
+	}
+	p, err := cv.Teardown(ctx, o.TablesFile, guard)
 	io.WriteString(w, p.String())
 	if err == nil {
 		// And a start-up's staging device that a daemon which died left

@@ -254,7 +254,7 @@ func TestForeignRulesAndRoutesUntouched(t *testing.T) {
 		t.Fatalf("old rule left behind:\n%s", out)
 	}
 	cv := &Converger{Host: node.Host}
-	if _, err := cv.Teardown(context.Background(), tablesFile(t, node)); err != nil {
+	if _, err := cv.Teardown(context.Background(), tablesFile(t, node), nil); err != nil {
 		t.Fatal(err)
 	}
 	check("teardown")

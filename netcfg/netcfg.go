@@ -391,11 +391,15 @@ func (c *Converger) logReport(r plan.Report) {
 // the teardown there: the steps after it (above all the kill switch) stay
 // in place, and the error says what failed. Foreign objects are never
 // touched. Sysctls are left as they are: there is no record of what they
-// were before.
-func (c *Converger) Teardown(ctx context.Context, tablesFile string) (Plans, error) {
+// were before. guard, when set, sees the plan before anything changes; an
+// error from it stops the teardown there.
+func (c *Converger) Teardown(ctx context.Context, tablesFile string, guard func(Plans) error) (Plans, error) {
 	var d Desired
 	d.Route.TablesFile = tablesFile
 	p, err := c.Plan(ctx, d)
+	if err == nil && guard != nil {
+		err = guard(p)
+	}
 	if err != nil {
 		// Something could not be read: removing the rest blind could
 		// take the kill switch away before what it protects.

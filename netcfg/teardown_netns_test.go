@@ -53,7 +53,7 @@ firewall:
 	if err := unix.Mount("", ro, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		t.Skipf("remount read-only: %v", err)
 	}
-	_, err = cv.Teardown(context.Background(), tables)
+	_, err = cv.Teardown(context.Background(), tables, nil)
 	if err == nil || !strings.Contains(err.Error(), "teardown stopped at routes; left in place: nftables") {
 		t.Fatalf("teardown with the routing step failing: %v", err)
 	}
@@ -62,7 +62,7 @@ firewall:
 	}
 	// Writable again: teardown finishes.
 	unix.Unmount(ro, unix.MNT_DETACH)
-	if _, err := cv.Teardown(context.Background(), tables); err != nil {
+	if _, err := cv.Teardown(context.Background(), tables, nil); err != nil {
 		t.Fatal(err)
 	}
 	if out := node.Exec(t, "nft", "list", "tables"); strings.Contains(out, "nodeagent") {

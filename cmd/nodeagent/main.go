@@ -38,9 +38,11 @@ Usage:
   nodeagent plan [-c FILE]           print what would change (+ add, ~ change, - remove, ! cannot);
                                      writes nothing and needs no root
   nodeagent apply --once [-c FILE]   converge once; exit 1 naming every object that failed
-  nodeagent teardown                 remove exactly what nodeagent owns (marked links and addresses,
+  nodeagent teardown [--force]       remove exactly what nodeagent owns (marked links and addresses,
                                      its nftables tables, rules, routes, WireGuard devices) and
-                                     forget the PIA registrations of the devices it removed
+                                     forget the PIA registrations of the devices it removed;
+                                     refused, changing nothing, while pods' links sit on a link
+                                     it would delete (--force deletes them with it)
   nodeagent version                  print the version
 
 Flags:
@@ -53,6 +55,9 @@ Flags:
                       cached server list, under DIR/pia (default /var/lib/nodeagent;
                       env NODEAGENT_STATE_DIR); plan and validate read it
       --once          with apply: converge once and exit
+      --force         with teardown: delete links that other namespaces' links
+                      (pods attached by a CNI plugin) sit on; the kernel
+                      deletes those with them
       --lock FILE     the lock that run, apply --once and teardown hold, so that
                       two never change the node at once (default %s;
                       env NODEAGENT_LOCK; "" for none)
@@ -85,6 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.String("rt-tables", netcfg.DefaultTablesFile, "rt_tables.d entry")
 	fs.String("state-dir", pia.DefaultStateDir, "state directory")
 	once := fs.Bool("once", false, "converge once and exit")
+	force := fs.Bool("force", false, "teardown: delete links pods sit on")
 	fs.String("lock", agent.DefaultLock, "lock file")
 	fs.String("socket", api.DefaultSocket, "local API socket")
 	fs.String("metrics", "", "metrics listen address")
@@ -143,6 +149,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		work = func(ctx context.Context) error { return agent.ApplyOnce(ctx, stdout, log, opts) }
 	case "teardown":
+		opts.Force = *force
 		work = func(ctx context.Context) error { return agent.Teardown(ctx, stdout, log, opts) }
 	case "version":
 		fmt.Fprintln(stdout, "nodeagent", version)
