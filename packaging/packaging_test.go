@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/lint"
 )
 
 // TestDefaultConfigIsInert checks the packaged /etc/nodeagent/nodeagent.yaml:
@@ -61,5 +64,33 @@ func TestUnitHardening(t *testing.T) {
 		if !strings.Contains(unit, want) {
 			t.Errorf("systemd/nodeagent.service lacks %q", want)
 		}
+	}
+}
+
+// TestDefaultConfigSketch: the commented sketch in the shipped config,
+// uncommented, validates and draws no warning (the pods' gateway on the
+// shim, not on the VLAN).
+func TestDefaultConfigSketch(t *testing.T) {
+	b, err := os.ReadFile("etc/nodeagent.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sketch []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		in = in || strings.HasPrefix(l, "# node:")
+		if in {
+			sketch = append(sketch, strings.TrimPrefix(strings.TrimPrefix(l, "#"), " "))
+		}
+	}
+	c, err := config.ParseWith("sketch.yaml", []byte(strings.Join(sketch, "\n")), config.Options{SkipFileChecks: true})
+	if err != nil {
+		t.Fatalf("the sketch does not validate: %v\n%s", err, strings.Join(sketch, "\n"))
+	}
+	if len(c.VLANs) == 0 || len(c.Macvlans) == 0 {
+		t.Fatalf("the sketch lost its VLAN or shim: %+v %+v", c.VLANs, c.Macvlans)
+	}
+	for _, w := range lint.Check(c) {
+		t.Errorf("the sketch warns: %v", w)
 	}
 }
