@@ -9,6 +9,7 @@ package lint
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -73,7 +74,7 @@ func (w *checker) shims() {
 		}
 		return shimsOn[parent][0], false
 	}
-	for _, parent := range sortedKeys(shimsOn) {
+	for _, parent := range slices.Sorted(maps.Keys(shimsOn)) {
 		l, ok := links[parent]
 		if !ok {
 			continue // not ours: its addresses are not in the config
@@ -126,13 +127,4 @@ func overlapsAny(ps []netip.Prefix, p netip.Prefix) bool {
 		}
 	}
 	return false
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
