@@ -101,8 +101,8 @@ func (w *checker) shims() {
 				continue // validation reports it
 			}
 			shim, same := shimFor(r.Dev, to)
-			if !same && !overlapsAny(links[r.Dev].addrs, to) && len(links[shim].addrs) > 0 {
-				continue
+			if !same && len(links[shim].addrs) > 0 {
+				continue // as above: to is not the pods' subnet
 			}
 			w.warn(fmt.Sprintf("routing.tables[%d].routes[%d].dev", ti, ri),
 				"macvlan pods on %s never receive what the node sends out of %s itself; route %s via %s", r.Dev, r.Dev, to, shim)

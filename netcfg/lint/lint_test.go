@@ -73,6 +73,9 @@ func TestShimLayout(t *testing.T) {
 		{"no shim: the VLAN's address serves hosts beyond the trunk", "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50, addresses: [10.10.50.1/24]}\n", nil},
 		{"a vepa macvlan standing in for the VLAN", "macvlans:\n  - {name: vlan50, parent: enp1s0, mode: vepa, addresses: [10.10.50.1/24]}\n  - {name: vlan50-shim, parent: vlan50, addresses: [10.10.50.3/24]}\n",
 			[]string{"nodeagent.yaml:2: macvlans[0].addresses[0]: macvlan pods on vlan50 cannot reach 10.10.50.1 on vlan50 itself; put it on vlan50-shim"}},
+		{"a route to another subnet than the shim's", "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50, addresses: [10.10.60.1/24]}\nmacvlans:\n  - {name: s, parent: enp1s0.50, addresses: [10.10.50.1/24]}\nrouting:\n  tables:\n    - {id: 150, routes: [{to: 10.10.60.0/24, dev: enp1s0.50}]}\n", nil},
+		{"pods on the trunk itself", "macvlans:\n  - {name: s, parent: enp1s0, addresses: [10.10.50.1/24]}\nrouting:\n  tables:\n    - {id: 150, routes: [{to: 10.10.50.0/24, dev: enp1s0}]}\n",
+			[]string{"nodeagent.yaml:5: routing.tables[0].routes[0].dev: macvlan pods on enp1s0 never receive what the node sends out of enp1s0 itself; route 10.10.50.0/24 via s"}},
 		{"a private-mode macvlan is no shim", "vlans:\n  - {name: enp1s0.50, parent: enp1s0, id: 50, addresses: [10.10.50.1/24]}\nmacvlans:\n  - {name: p, parent: enp1s0.50, mode: private, addresses: [10.10.50.3/24]}\n", nil},
 	}
 	for _, tt := range tests {
