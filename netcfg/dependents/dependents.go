@@ -44,14 +44,14 @@ var namedDirs = []string{"/run/netns", "/var/run/netns"}
 
 // Find returns the links of the host's other network namespaces whose
 // lower device is one of parents (ifindexes in self; netns.None() is the
-// calling process's namespace), ordered by parent, then where.
+// calling thread's namespace), ordered by parent, then where.
 func Find(ctx context.Context, self netns.NsHandle, parents []int) ([]Link, error) {
 	if len(parents) == 0 {
 		return nil, nil
 	}
 	selfFd := int(self)
 	if !self.IsOpen() {
-		h, err := netns.GetFromPath("/proc/self/ns/net")
+		h, err := netns.GetFromPath("/proc/thread-self/ns/net")
 		if err != nil {
 			return nil, fmt.Errorf("own network namespace: %w", err)
 		}
@@ -66,7 +66,9 @@ func Find(ctx context.Context, self netns.NsHandle, parents []int) ([]Link, erro
 	var out []Link
 	var errs []error
 	look := func(path, where string) {
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		// O_NONBLOCK: a FIFO put where a namespace should be must not
+		// hold the open up.
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 		if err != nil {
 			return // a process that ended, a mount that went
 		}
