@@ -32,7 +32,20 @@ type Link struct {
 	Where string
 }
 
-func (l Link) String() string { return fmt.Sprintf("%s %s in %s", l.Kind, l.Name, l.Where) }
+// String is "KIND NAME in WHERE". Names come from other namespaces and
+// from /run/netns, so a byte that is not printable ASCII is shown as '?'.
+func (l Link) String() string {
+	return printable(fmt.Sprintf("%s %s in %s", l.Kind, l.Name, l.Where))
+}
+
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '?'
+		}
+		return r
+	}, s)
+}
 
 // MaxNamespaces bounds the namespaces one Find looks at; a host has one
 // per pod and a few more.
@@ -156,7 +169,7 @@ func linksOn(ns netns.NsHandle, selfFd int, parents []int, where string) ([]Link
 var onLower = map[string]bool{"macvlan": true, "macvtap": true, "ipvlan": true, "ipvtap": true, "vlan": true}
 
 // comm is " (COMM)" of a process, "" when it cannot be read. The kernel
-// gives at most 16 bytes; only printable ones are kept.
+// gives at most 16 bytes; String makes them printable.
 func comm(pid int) string {
 	fd, err := unix.Open(filepath.Join("/proc", strconv.Itoa(pid), "comm"), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
@@ -168,11 +181,5 @@ func comm(pid int) string {
 	if err != nil || n <= 0 {
 		return ""
 	}
-	s := strings.TrimSpace(string(b[:n]))
-	for _, r := range s {
-		if r < 0x20 || r > 0x7e {
-			return ""
-		}
-	}
-	return " (" + s + ")"
+	return " (" + strings.TrimSpace(string(b[:n])) + ")"
 }

@@ -62,3 +62,10 @@ func TestFindsPodLinks(t *testing.T) {
 		t.Errorf("after CNI DEL: %v", got)
 	}
 }
+
+func TestLinkStringIsPrintable(t *testing.T) {
+	l := Link{Kind: "macvlan", Name: "net\x1b[31m1", Where: "pid 7 (pa\tuse)"}
+	if got, want := l.String(), "macvlan net?[31m1 in pid 7 (pa?use)"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+}
