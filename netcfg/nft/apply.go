@@ -38,9 +38,13 @@ func Apply(ctx context.Context, s *host.Snapshot, p Plan) (Observed, plan.Report
 //
 // The ops are queued in the order the kernel needs them, table by table:
 // chains emptied or deleted, then objects, then sets, then chains filled,
-// so that nothing refers to what is gone. If the table changed since it was
-// observed the transaction may fail, and nothing of it is applied; the
-// next sync observes again. The kill switch counts into a named counter
+// so that nothing refers to what is gone. If the kernel refuses the
+// transaction (the table changed since it was observed, or holds what
+// cannot be diffed), nothing of it is applied, and the table is at once
+// replaced whole in a second transaction (replaceWhole), reported as one
+// more entry (Replaced): a refused diff would otherwise be refused again
+// at every sync, and every later change of the firewall lost. Only when
+// that fails too do the ops fail, with both of the kernel's reasons. The kill switch counts into a named counter
 // object (KillSwitchCounter), which refilling a chain does not touch and
 // Execute never writes once it exists, so no count is carried over or lost.
 // Tables owned by another process (NFT_TABLE_F_OWNER) are left out and
@@ -97,9 +101,83 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 	}
 	h.Wrote(1) // one transaction
 	if err := c.nft.Flush(); err != nil {
-		failOps(fmt.Errorf("%s: transaction: %w", obj, err))
+		// The update was refused as a whole (the table changed since it
+		// was observed, or holds what the kernel will not diff): replace
+		// the table whole, once, rather than send the same refused diff
+		// at every sync while every later change is lost.
+		h.Wrote(1)
+		if rerr := replaceWhole(c.nft, p, ops); rerr != nil {
+			failOps(fmt.Errorf("%s: transaction: %w; replacing the table whole failed too: %v", obj, err, rerr))
+			return r
+		}
+		r = append(r, plan.Entry{Subsystem: plan.Nftables, Kind: plan.KindNftables, Action: plan.Change, Object: obj,
+			Text: fmt.Sprintf("~ %s: %s (the update failed: %v)", obj, replacedText, err)})
 	}
 	return r
+}
+
+// replacedText marks the report entry of a table replaced whole (Replaced).
+const replacedText = "replaced whole in one transaction"
+
+// Replaced returns the lines of r that say a table was replaced whole
+// because its update failed: what status shows of it.
+func Replaced(r plan.Report) []string {
+	var out []string
+	for _, e := range r {
+		if e.Subsystem == plan.Nftables && e.Err == nil && strings.Contains(e.Text, replacedText) {
+			out = append(out, strings.TrimPrefix(e.Text, "~ "))
+		}
+	}
+	return out
+}
+
+// replaceWhole deletes every table p's ops at ids touch and adds back the
+// ones p wants, whole, in one transaction: the fallback when the update in
+// place was refused. nf_tables commits the batch all or nothing, so no
+// packet sees the table absent; the kill switch's counter is carried over
+// from what was observed. Sets created in a transaction are what the
+// in-place update avoids (see Execute), so this is never the first try.
+func replaceWhole(c *nftables.Conn, p Plan, ids []int) error {
+	want := map[tableKey]Table{}
+	for _, t := range p.Desired.Tables() {
+		want[tableKey{t.Family, t.Name}] = t
+	}
+	have := map[tableKey]Table{}
+	for _, t := range p.Observed.Tables {
+		have[tableKey{t.Family, t.Name}] = t
+	}
+	b := &batch{c: c}
+	done := map[tableKey]bool{}
+	for _, i := range ids {
+		o := p.Ops[i]
+		k := tableKey{o.Family, o.Table}
+		if done[k] {
+			continue
+		}
+		done[k] = true
+		tbl := &nftables.Table{Family: k.family, Name: k.name}
+		// Add first: nft's idiom for deleting a table that may be gone.
+		c.AddTable(tbl)
+		c.DelTable(tbl)
+		t, ok := want[k]
+		if !ok {
+			continue
+		}
+		for j, ob := range t.Objects {
+			if old, ok := have[k]; ok {
+				for _, ho := range old.Objects {
+					if ho.Type == ob.Type && ho.Name == ob.Name {
+						t.Objects[j].Counter = ho.Counter
+					}
+				}
+			}
+		}
+		b.addTable(t)
+	}
+	if b.err != nil {
+		return b.err
+	}
+	return c.Flush()
 }
 
 // compile queues the ops at ids, table by table, in the order the kernel

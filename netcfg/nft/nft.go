@@ -27,8 +27,9 @@
 // and whatever is right is not touched. nf_tables commits a batch all or nothing, and a chain's old
 // rules and a set's old elements give way to the new ones when the
 // generation flips, so the kill switch never has a gap. Deleting and
-// re-adding the table in one transaction does have one (see Apply), so it
-// is never done to a table in use.
+// re-adding the table in one transaction can leak for a moment (see
+// Execute), so it is done only when the kernel refuses the update: a
+// firewall that cannot change at all is the worse fault.
 //
 // Layout of the table (chains exist only when something needs them):
 //
@@ -278,6 +279,11 @@ func (d Desired) Tables() []Table {
 	if d.Empty() {
 		return nil
 	}
+	return []Table{d.build().t}
+}
+
+// build renders d into inet nodeagent.
+func (d Desired) build() *builder {
 	b := &builder{t: Table{Family: nftables.TableFamilyINet, Name: TableName}}
 
 	// Kill switch, grouped by allowOut list.
@@ -355,11 +361,26 @@ func (d Desired) Tables() []Table {
 				[]expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}))
 		}
 	}
-	// DNS to a tunnel's resolver, sources grouped by resolver.
+	// DNS to a tunnel's resolver, sources grouped by resolver: two
+	// tunnels given the same resolver (PIA hands every tunnel the same
+	// ones) share one set. A source in two groups is sent to the first
+	// resolver, by address, as the first DNAT rule that matches decides.
+	dns := map[netip.Addr][]netip.Prefix{}
+	var resolvers []netip.Addr
 	for _, r := range d.DNS {
-		src := b.prefixSet("dns_"+strings.ReplaceAll(r.To.String(), ".", "_"), false, r.From)
+		if _, ok := dns[r.To]; !ok {
+			resolvers = append(resolvers, r.To)
+		}
+		dns[r.To] = append(dns[r.To], r.From...)
+	}
+	slices.SortFunc(resolvers, netip.Addr.Compare)
+	for _, to := range resolvers {
+		if len(dns[to]) == 0 {
+			continue
+		}
+		src := b.prefixSet("dns_"+strings.ReplaceAll(to.String(), ".", "_"), false, dns[to])
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			pre = append(pre, rule("", saddrInSet(false, src), l4Dport(proto, 53), dnatTo(r.To, 0)))
+			pre = append(pre, rule("", saddrInSet(false, src), l4Dport(proto, 53), dnatTo(to, 0)))
 		}
 	}
 
@@ -455,7 +476,7 @@ func (d Desired) Tables() []Table {
 			Priority: nftables.ChainPriorityRef(ForwardPriority), Policy: &accept,
 		}, Rules: output})
 	}
-	return []Table{b.t}
+	return b
 }
 
 // groupNames names the sets of each group (keyed by its interfaces, or
@@ -496,6 +517,9 @@ func groupNames(prefix string, keys []string) map[string]string {
 // transaction.
 type builder struct {
 	t Table
+	// renamed counts the sets addSet had to rename: none, unless a
+	// grouping is wrong.
+	renamed int
 }
 
 // setRef names a set and its ID within the batch.
@@ -505,6 +529,19 @@ type setRef struct {
 }
 
 func (b *builder) addSet(s Set) setRef {
+	// Names are unique by construction: every kind of group is keyed by
+	// what names it, and a key that would collide is hashed (groupNames).
+	// Should two groups still arrive at one name, the second is renamed
+	// rather than sent: the kernel takes two NEWSETs of one name in a
+	// batch as one set, and from then on every diff of it fails (ENOENT),
+	// freezing every later change of the table.
+	if slices.ContainsFunc(b.t.Sets, func(o Set) bool { return o.Name == s.Name }) {
+		base := s.Name
+		for n := 2; slices.ContainsFunc(b.t.Sets, func(o Set) bool { return o.Name == s.Name }); n++ {
+			s.Name = fmt.Sprintf("%s_%d", base, n)
+		}
+		b.renamed++
+	}
 	s.ID = uint32(len(b.t.Sets) + 1)
 	b.t.Sets = append(b.t.Sets, s)
 	return setRef{s.Name, s.ID}

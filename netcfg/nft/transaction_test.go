@@ -58,7 +58,23 @@ func TestFailedTransactionChangesNothing(t *testing.T) {
 	last.Rules = append(last.Rules, bad)
 	have := observeIn(t, ns)
 	bp := Plan{Ops: Diff(want[0], have.Tables[0]), Desired: changed, Observed: have}
-	err := Execute(context.Background(), ns.Host.Snapshot(), bp).Err()
+	// The batch as Execute compiles it, sent once (Execute would follow a
+	// refusal with a replacement of the table).
+	c, err := dial(ns.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	b := &batch{c: c.nft}
+	ids := make([]int, len(bp.Ops))
+	for i := range ids {
+		ids[i] = i
+	}
+	b.compile(bp.Ops, ids)
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	err = c.nft.Flush()
 	if err == nil {
 		t.Fatal("a rule looking up a set that does not exist was accepted")
 	}
