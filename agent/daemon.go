@@ -119,6 +119,9 @@ type Daemon struct {
 	// forwarding is what the last sync said about forwarding while the
 	// kill switch was down ("" when armed), logged when it changes.
 	forwarding string
+	// replaced is when and why nftables last had its table replaced whole
+	// (nft.Replaced), kept for status until the daemon exits.
+	replaced string
 	// beforeApply and afterApply, when set (by tests), run between a
 	// sync's plan and its apply, and after the apply.
 	beforeApply func(netcfg.Plans)

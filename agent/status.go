@@ -10,6 +10,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg"
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
@@ -105,6 +106,12 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		}
 	}
 	d.syncedHash = d.hash
+	replaced := nft.Replaced(res.Report)
+	if len(replaced) > 0 {
+		d.replaced = start.UTC().Format(time.RFC3339) + ": " + strings.Join(replaced, "; ")
+		d.log.Warn("the firewall's update was refused; its table was replaced whole", "subsystem", plan.Nftables, "detail", strings.Join(replaced, "; "))
+	}
+	subs[at[plan.Nftables]].Note = d.replaced
 	post := res.Post
 	d.metrics.SetKillSwitchDrops(post.Nft.Observed.KillSwitchDrops.Packets)
 	if !post.Empty() {
@@ -164,7 +171,14 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.metrics.SetForwardingUnprotected(len(fwd.Unprotected) > 0)
 	if len(d.desired.Nft.KillSwitch) > 0 {
 		notIn := strings.Join(post.Nft.Report().Lines(), "\n")
+		if why := subs[at[plan.Nftables]].Error; why != "" {
+			// The kernel's reason first: what is missing says little
+			// about why.
+			notIn = why + "\n" + notIn
+		}
 		switch {
+		case post.Nft.Empty() && !fwd.KillSwitchDown && len(replaced) > 0:
+			d.setCondition(api.CondKillSwitchArmed, api.True, "ArmedByReplacement", strings.Join(replaced, "; "))
 		case post.Nft.Empty() && !fwd.KillSwitchDown:
 			d.setCondition(api.CondKillSwitchArmed, api.True, "Armed", "")
 		case len(fwd.Unprotected) > 0:

@@ -84,6 +84,10 @@ type Subsystem struct {
 	Changes int `json:"changes"`
 	// Error is the subsystem's failure in the last sync, "" when none.
 	Error string `json:"error,omitempty"`
+	// Note is what the last sync had to do beyond the plan: "nft table
+	// inet nodeagent: replaced whole in one transaction (the update
+	// failed: …)" when the kernel refused the update in place.
+	Note string `json:"note,omitempty"`
 }
 
 // Sync describes the last sync.

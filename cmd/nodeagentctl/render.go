@@ -51,6 +51,11 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 			fmt.Fprintf(tw, "  %s\t%d\t%s\n", clean(ss.Name), ss.Changes, dash(ss.Error))
 		}
 		tw.Flush()
+		for _, ss := range s.Subsystems {
+			if ss.Note != "" {
+				fmt.Fprintf(&b, "  note: %s: %s\n", clean(ss.Name), clean(ss.Note))
+			}
+		}
 	}
 
 	if len(s.WireGuard) > 0 {
