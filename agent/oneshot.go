@@ -119,7 +119,9 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	defer h.Close()
 	cv := &netcfg.Converger{Host: h}
 	defer cv.Close()
-	p, err := cv.Plan(ctx, planPIA(c, d, o))
+	pd := planPIA(c, d, o)
+	pd.Nft = guardDNS(c, pd.Nft)
+	p, err := cv.Plan(ctx, pd)
 	// Without CAP_NET_ADMIN the kernel refuses to show some state (the
 	// nftables ruleset): say which, and plan everything else.
 	var unreadable []error

@@ -33,6 +33,7 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		des = *d.lastGood
 	}
 	des = d.withPIA(des)
+	des.Nft = guardDNS(d.cfg, des.Nft)
 	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
 	if d.beforeApply != nil {
 		d.beforeApply(p)

@@ -43,8 +43,17 @@
 //	chain mssclamp { type filter hook forward priority -150; policy accept; }
 //	    tcp flags syn tcp option maxseg size set rt mtu, in and out of the
 //	    listed interfaces
+//	chain prerouting { type nat hook prerouting priority -100; policy accept; }
+//	    a forwarded port's DNAT, and DNS of redirected sources DNATed to
+//	    their tunnel's resolver (sources in dns_<resolver>)
 //	chain postrouting { type nat hook postrouting priority 100; policy accept; }
 //	    masquerade and snat
+//	chain input { type filter hook input priority -10; policy accept; }
+//	    IPv6 DNS for the node arriving by the redirected sources' links
+//	    (dns6_in) dropped
+//	chain output { type filter hook output priority -10; policy accept; }
+//	    the node's ICMP errors about kill-switch sources' flows kept off
+//	    other interfaces
 //
 // Sources and interface lists are sets, so a thousand sources are one rule:
 // kill-switch entries with the same allowOut list share sets ks_<list>_v4,
@@ -76,6 +85,10 @@ const TableName = "nodeagent"
 
 // KillSwitchComment is the comment on every kill-switch drop rule.
 const KillSwitchComment = "nodeagent kill switch"
+
+// DNSGuardComment is the comment on the rules dropping IPv6 DNS for the
+// node from the links of redirected DNS sources (DNSRedirect.In).
+const DNSGuardComment = "nodeagent dns guard"
 
 // KillSwitchCounter is the named counter object every kill-switch drop
 // rule counts into (`counter name "ks_drops"`); Observe reports it as
@@ -125,6 +138,7 @@ const (
 const (
 	forwardChain     = "forward"
 	outputChain      = "output"
+	inputChain       = "input"
 	mssChain         = "mssclamp"
 	postroutingChain = "postrouting"
 	preroutingChain  = "prerouting"
@@ -179,9 +193,16 @@ type PortForward struct {
 
 // DNSRedirect sends DNS (UDP and TCP port 53, to any address) from From to
 // the resolver To: a VLAN's DNS kept inside its tunnel.
+//
+// The redirect is IPv4, and IPv6 DNS to the node itself is delivered
+// locally, where neither it nor the kill switch (forward hook) looks: the
+// hosts of From would be answered by the node's own resolver. In lists
+// the links those hosts reach the node by; IPv6 DNS arriving on them for
+// the node is dropped in the input hook.
 type DNSRedirect struct {
 	From []netip.Prefix // IPv4
 	To   netip.Addr     // IPv4
+	In   []string
 }
 
 // Desired is the whole desired state of this subsystem. The zero value
@@ -204,7 +225,9 @@ func (d Desired) Equal(e Desired) bool {
 	return slices.Equal(d.Masquerade, e.Masquerade) && slices.Equal(d.SNAT, e.SNAT) &&
 		slices.Equal(d.Forward, e.Forward) && slices.Equal(d.MSSClamp, e.MSSClamp) &&
 		slices.Equal(d.PortForward, e.PortForward) &&
-		slices.EqualFunc(d.DNS, e.DNS, func(a, b DNSRedirect) bool { return a.To == b.To && slices.Equal(a.From, b.From) }) &&
+		slices.EqualFunc(d.DNS, e.DNS, func(a, b DNSRedirect) bool {
+			return a.To == b.To && slices.Equal(a.From, b.From) && slices.Equal(a.In, b.In)
+		}) &&
 		slices.EqualFunc(d.KillSwitch, e.KillSwitch, func(a, b KillSwitch) bool {
 			return a.From == b.From && slices.Equal(a.AllowOut, b.AllowOut)
 		})
@@ -367,7 +390,9 @@ func (d Desired) build() *builder {
 	// resolver, by address, as the first DNAT rule that matches decides.
 	dns := map[netip.Addr][]netip.Prefix{}
 	var resolvers []netip.Addr
+	var dnsIn []string
 	for _, r := range d.DNS {
+		dnsIn = append(dnsIn, r.In...)
 		if _, ok := dns[r.To]; !ok {
 			resolvers = append(resolvers, r.To)
 		}
@@ -381,6 +406,16 @@ func (d Desired) build() *builder {
 		src := b.prefixSet("dns_"+strings.ReplaceAll(to.String(), ".", "_"), false, dns[to])
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			pre = append(pre, rule("", saddrInSet(false, src), l4Dport(proto, 53), dnatTo(to, 0)))
+		}
+	}
+
+	// IPv6 DNS for the node from the redirected sources' links.
+	var input []Rule
+	if len(dnsIn) > 0 {
+		set := b.ifnameSet("dns6_in", sortedUnique(dnsIn))
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			input = append(input, rule(DNSGuardComment, nfproto(unix.NFPROTO_IPV6), ifnameInSetKey(expr.MetaKeyIIFNAME, set, false),
+				l4Dport(proto, 53), []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}))
 		}
 	}
 
@@ -469,6 +504,12 @@ func (d Desired) build() *builder {
 			Name: postroutingChain, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting,
 			Priority: nftables.ChainPriorityRef(SrcNATPriority), Policy: &accept,
 		}, Rules: post})
+	}
+	if len(input) > 0 {
+		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
+			Name: inputChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput,
+			Priority: nftables.ChainPriorityRef(ForwardPriority), Policy: &accept,
+		}, Rules: input})
 	}
 	if len(output) > 0 {
 		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
@@ -673,6 +714,14 @@ func saddrInSet(v6 bool, s setRef) []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
 		&expr.Lookup{SourceRegister: 1, SetName: s.name, SetID: s.id},
+	}
+}
+
+// nfproto is `meta nfproto P`.
+func nfproto(p byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}},
 	}
 }
 

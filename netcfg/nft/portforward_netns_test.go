@@ -136,3 +136,47 @@ func TestPortForwardAndDNSRedirect(t *testing.T) {
 		t.Errorf("after the change:\n%s", listed)
 	}
 }
+
+// TestIPv6DNSForTheNodeDropped (issue 29 §3): a redirected source's host
+// sending DNS over IPv6 to the node's own address (global or link-local)
+// is not answered by the node's resolver: the input hook drops it on the
+// links of the redirect (DNSRedirect.In). IPv6 DNS on another link, and
+// other IPv6 traffic on this one, still reach the node.
+func TestIPv6DNSForTheNodeDropped(t *testing.T) {
+	client, node, other := testenv.NewNetNS(t), testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "vlan50", client, "eth0")
+	node.Veth(t, "lan", other, "eth0")
+	run(t, client, "ip addr add 10.10.50.20/24 dev eth0", "ip -6 addr add fd00:50::20/64 dev eth0 nodad")
+	run(t, node, "ip addr add 10.10.50.1/24 dev vlan50", "ip -6 addr add fd00:50::1/64 dev vlan50 nodad",
+		"ip -6 addr add fd00:60::1/64 dev lan nodad")
+	run(t, other, "ip -6 addr add fd00:60::20/64 dev eth0 nodad")
+	d := nft.Desired{DNS: []nft.DNSRedirect{{From: []netip.Prefix{netip.MustParsePrefix("10.10.50.0/24")},
+		To: netip.MustParseAddr("10.0.0.243"), In: []string{"vlan50"}}}}
+	p := converge(t, node, d)
+	for _, want := range []string{
+		`+ nft inet nodeagent chain input { type filter hook input priority -10; policy accept; }`,
+		`+ nft inet nodeagent chain input: meta nfproto ipv6 iifname @dns6_in meta l4proto udp th dport 53 drop comment "nodeagent dns guard"`,
+	} {
+		if !strings.Contains(p.String(), want+"\n") {
+			t.Errorf("plan lacks %q:\n%s", want, p)
+		}
+	}
+	if again := nft.MakePlan(d, observe(t, node)); !again.Empty() {
+		t.Fatalf("converged, yet the plan is:\n%s", again)
+	}
+	dnsT, dnsU := listenIn(t, node, "[::]:53")
+	sendFrom(t, client, "[fd00:50::1]:53")
+	if a, b := got(dnsT), got(dnsU); a != "" || b != "" {
+		t.Errorf("IPv6 DNS from the redirected VLAN reached the node: TCP from %q, UDP from %q", a, b)
+	}
+	// Not a blanket drop: DNS from another link, and other ports.
+	sendFrom(t, other, "[fd00:60::1]:53")
+	if a, b := got(dnsT), got(dnsU); !strings.HasPrefix(a, "[fd00:60::20]:") || !strings.HasPrefix(b, "[fd00:60::20]:") {
+		t.Errorf("IPv6 DNS from another link: TCP from %q, UDP from %q; want both", a, b)
+	}
+	t8, u8 := listenIn(t, node, "[::]:8053")
+	sendFrom(t, client, "[fd00:50::1]:8053")
+	if a, b := got(t8), got(u8); !strings.HasPrefix(a, "[fd00:50::20]:") || !strings.HasPrefix(b, "[fd00:50::20]:") {
+		t.Errorf("other IPv6 traffic from the VLAN: TCP from %q, UDP from %q; want both", a, b)
+	}
+}

@@ -382,6 +382,14 @@ func match(es []any) (string, int) {
 			}
 		}
 	}
+	// meta nfproto ipvX, by itself (before another match).
+	if m, ok := at(0).(*expr.Meta); ok && isLoad(m, expr.MetaKeyNFPROTO) {
+		if c, ok := at(1).(*expr.Cmp); ok && isCmp(c, expr.CmpOpEq, 1) {
+			if fam := map[byte]string{unix.NFPROTO_IPV4: "ipv4", unix.NFPROTO_IPV6: "ipv6"}[c.Data[0]]; fam != "" {
+				return "meta nfproto " + fam, 2
+			}
+		}
+	}
 	// iifname/oifname; lookup or cmp.
 	if m, ok := at(0).(*expr.Meta); ok && (isLoad(m, expr.MetaKeyIIFNAME) || isLoad(m, expr.MetaKeyOIFNAME)) {
 		field := "iifname"
