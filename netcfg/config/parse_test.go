@@ -162,6 +162,8 @@ func TestParseInvalid(t *testing.T) {
 			`nodeagent.yaml:6: wireguard[0].pia.portForward.to: 10.10.50.10 is not in a subnet routed through the tunnel (no routing.rules send any source to a killSwitch table with a route by wg-pia)`},
 		{"pia port forward to outside the routed subnet", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: {enabled: true, to: 10.10.60.10}\nrouting:\n  tables: [{id: 150, killSwitch: true, routes: [{to: default, dev: wg-pia}]}]\n  rules: [{priority: 1000, from: 10.10.50.0/24, table: 150}]\n",
 			`wireguard[0].pia.portForward.to: 10.10.60.10 is not in a subnet routed through the tunnel (the sources routed through wg-pia's kill-switch table are 10.10.50.0/24)`},
+		{"pia dns.for outside the routed sources", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      dns:\n        for:\n          - 10.10.50.0/24\n          - 10.10.0.0/16\nrouting:\n  tables: [{id: 150, killSwitch: true, routes: [{to: default, dev: wg-pia}]}]\n  rules: [{priority: 1000, from: 10.10.50.0/24, table: 150}]\n",
+			`nodeagent.yaml:9: wireguard[0].pia.dns.for[1]: 10.10.0.0/16 is not within a source routed through the tunnel (the sources routed through wg-pia's kill-switch table are 10.10.50.0/24): its DNS, sent to PIA's resolver, would leave by the uplink in plaintext`},
 		{"pia onChange relative", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward:\n        enabled: true\n        onChange: [qbt-set-port]\n",
 			`wireguard[0].pia.portForward.onChange[0]: "qbt-set-port" is not an absolute path`},
 		{"pia toPort without to", "wireguard:\n  - name: wg-pia\n    pia:\n      region: auto\n      credentialsFile: /etc/x\n      portForward: {enabled: true, toPort: 8080}\n",
@@ -752,7 +754,8 @@ func TestPortForwardForms(t *testing.T) {
 	if err != nil || !c.WireGuard[0].PIA.PortForward.Enabled {
 		t.Fatalf("short form: %+v, %v", c, err)
 	}
-	c, err = parseTest(t, base+"\n        enabled: true\n        onChange: [/usr/local/bin/qbt-set-port, --port]\n      dns: {for: [10.10.50.0/24]}\n")
+	c, err = parseTest(t, base+"\n        enabled: true\n        onChange: [/usr/local/bin/qbt-set-port, --port]\n      dns: {for: [10.10.50.0/24]}\n"+
+		"routing:\n  tables: [{id: 150, killSwitch: true, routes: [{to: default, dev: wg-pia}]}]\n  rules: [{priority: 1000, from: 10.10.50.0/24, table: 150}]\n")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -494,48 +494,6 @@ func (v *validator) portForward(p string, pf PortForward) {
 	}
 }
 
-// piaRouting checks that a PIA device's portForward.to sits in a subnet
-// the node routes through that device's kill-switch table: a rule from a
-// prefix holding it, to a kill-switch table with a route by the device.
-// Anywhere else, the replies to the forwarded connections would not leave
-// by the tunnel.
-func (v *validator) piaRouting(c *Config) {
-	for i, w := range c.WireGuard {
-		if w.PIA == nil || w.PIA.PortForward.To == "" {
-			continue
-		}
-		to, err := netip.ParseAddr(w.PIA.PortForward.To)
-		if err != nil {
-			continue // reported already
-		}
-		tables := map[int]bool{}
-		for _, t := range c.Routing.Tables {
-			if t.KillSwitch && slices.ContainsFunc(t.Routes, func(r Route) bool { return r.Dev == w.Name }) {
-				tables[t.ID] = true
-			}
-		}
-		var via []string
-		ok := false
-		for _, r := range c.Routing.Rules {
-			if !tables[r.Table] || r.From == "" {
-				continue
-			}
-			via = append(via, r.From)
-			if p, err := netip.ParsePrefix(r.From); err == nil && p.Contains(to) {
-				ok = true
-			}
-		}
-		if !ok {
-			where := "no routing.rules send any source to a killSwitch table with a route by " + w.Name
-			if len(via) > 0 {
-				where = "the sources routed through " + w.Name + "'s kill-switch table are " + strings.Join(via, ", ")
-			}
-			v.errorf(fieldPath(fieldPath(fieldPath(indexPath("wireguard", i), "pia"), "portForward"), "to"),
-				"%s is not in a subnet routed through the tunnel (%s): replies to the forwarded port would not leave by it", to, where)
-		}
-	}
-}
-
 // validRegionID reports whether s looks like a PIA region id.
 func validRegionID(s string) bool {
 	if len(s) > 64 {
