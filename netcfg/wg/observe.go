@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/peerlive"
@@ -44,6 +48,12 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		case l.Kind == "wireguard":
 			impl = ImplKernel
 		case l.Kind == "tun" && h.Userspace != nil && h.Userspace.Running(l.Name):
+			impl = ImplUserspace
+		case l.Kind == "tun" && uapiSocket(l.Name):
+			// Another process's userspace device (the daemon's, seen
+			// from a one-shot `nodeagent plan`, or wireguard-go's): read
+			// through its UAPI socket, which wg(8) too finds by the
+			// link's name.
 			impl = ImplUserspace
 		}
 		if _, isNamed := named[l.Name]; !isNamed && (d.Partial || !owned || impl == "") {
@@ -125,7 +135,11 @@ func (h *Handle) read(od *ObservedDevice, hint int) error {
 	}
 	// The count of other processes' UAPI connections before the read: a
 	// change made after it moves the digest again.
-	gen, running := h.Userspace.Generation(od.Name)
+	var gen uint64
+	running := false
+	if h.Userspace != nil {
+		gen, running = h.Userspace.Generation(od.Name)
+	}
 	if running {
 		// This process's own device: read in process.
 		ok, err := h.readUserspace(od, hint)
@@ -138,7 +152,8 @@ func (h *Handle) read(od *ObservedDevice, hint int) error {
 		}
 	}
 	dev, err := h.device(od.Name)
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) || (!running && errors.Is(err, syscall.ECONNREFUSED)) {
+		// No device, or a socket file nobody serves (its process died).
 		od.Impl = ""
 		return nil
 	}
@@ -182,4 +197,15 @@ func observePeer(p wgtypes.Peer) ObservedPeer {
 	}
 	sortPrefixes(op.AllowedIPs)
 	return op
+}
+
+// uapiSocket reports whether a UAPI socket for device name exists: a unix
+// socket file at /var/run/wireguard/<name>.sock, as wireguard-go and
+// nodeagent create them. Whether it is served shows when it is read.
+func uapiSocket(name string) bool {
+	if name == "" || strings.ContainsAny(name, "/\x00") {
+		return false
+	}
+	fi, err := os.Lstat(filepath.Join(userspaceSocketDir, name+".sock"))
+	return err == nil && fi.Mode().Type() == fs.ModeSocket
 }
