@@ -22,6 +22,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/wg/srcbind"
 )
 
 // userspaceSocketDir is where wg(8), wg-quick and wgctrl look for the UAPI
@@ -176,7 +177,7 @@ func (u *Userspace) Start(h *host.Host, name string, mtu int) error {
 	}
 	d.dev = device.NewDevice(
 		&usTUN{Device: td, h: h},
-		&usBind{Bind: conn.NewDefaultBind(), h: h},
+		&usBind{Bind: srcbind.New(), h: h},
 		usLogger(d.log),
 	)
 	// Up opens the UDP sockets now, so a later listen_port change fails
@@ -389,11 +390,17 @@ func (t *usTUN) MTU() (int, error) {
 // belongs to the namespace of the thread that creates it. The other Bind
 // methods only use the sockets Open made.
 //
-// A side effect: wireguard-go starts its sticky-source route listener only
-// for a bare *conn.StdNetBind, so it does not run here. That listener would
-// have opened its rtnetlink socket on the caller's thread, in the wrong
-// namespace; without it a stale source address is still cleared when a
-// handshake retry times out (timers.go), as on other platforms.
+// The Bind inside is srcbind's, not conn.NewDefaultBind: on kernels with
+// UDP GRO the default one forgets the address each peer dialled and
+// answers from the primary one, which a NAT in front of the peer drops
+// (srcbind's package doc).
+//
+// wireguard-go starts its sticky-source route listener only for a bare
+// *conn.StdNetBind, so it does not run here. That listener would have
+// opened its rtnetlink socket on the caller's thread, in the wrong
+// namespace. A source address that is no longer the node's is dropped by
+// srcbind on the first send the kernel refuses, and a peer's source is
+// cleared when a handshake retry times out (timers.go).
 type usBind struct {
 	conn.Bind
 	h *host.Host
