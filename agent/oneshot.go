@@ -44,6 +44,9 @@ type Options struct {
 	// Force lets teardown delete a link that links of other network
 	// namespaces (pods) sit on, which the kernel deletes with it.
 	Force bool
+	// PortDir is where a daemon publishes its forwarded ports (beside its
+	// socket: /run/nodeagent/pia by default); teardown removes them.
+	PortDir string
 }
 
 // Load reads and validates the config at o.Config and derives the desired
@@ -121,6 +124,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	defer cv.Close()
 	pd := planPIA(c, d, o)
 	pd.Nft = guardDNS(c, pd.Nft)
+	pd = piaSourceRules(c, pd)
 	p, err := cv.Plan(ctx, pd)
 	// Without CAP_NET_ADMIN the kernel refuses to show some state (the
 	// nftables ruleset): say which, and plan everything else.
@@ -240,5 +244,6 @@ func Teardown(ctx context.Context, w io.Writer, log *slog.Logger, o Options) err
 	if ferr := pia.StoreAt(o.StateDir).ForgetAll(); ferr != nil {
 		log.Warn("forgetting the PIA registrations", "err", ferr)
 	}
+	removePorts(o, log)
 	return err
 }

@@ -34,6 +34,7 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	}
 	des = d.withPIA(des)
 	des.Nft = guardDNS(d.cfg, des.Nft)
+	des = piaSourceRules(d.cfg, des)
 	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
 	if d.beforeApply != nil {
 		d.beforeApply(p)
