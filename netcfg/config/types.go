@@ -176,7 +176,9 @@ type PIADNS struct {
 	// address, the node's own included) is DNATed to the first answering
 	// of PIA's resolvers (addKey's dns_servers), so it leaves only through
 	// the tunnel, and is dropped while the tunnel is down. The node's own
-	// DNS is left alone.
+	// DNS is left alone. Each prefix must lie within a source that
+	// routing.rules send to this device's kill-switch table. IPv6 DNS to
+	// the node from the links holding these sources is dropped.
 	For []string `yaml:"for"`
 }
 
