@@ -362,6 +362,9 @@ func (r *reader) receive(bufs [][]byte, sizes []int, eps []conn.Endpoint) (int, 
 	)
 	err := r.rc.Read(func(fd uintptr) bool {
 		m, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(n), 0, 0, 0)
+		for e == unix.EINTR {
+			m, _, e = unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(n), 0, 0, 0)
+		}
 		got, errno = int(m), e
 		return errno != unix.EAGAIN
 	})
@@ -376,7 +379,7 @@ func (r *reader) receive(bufs [][]byte, sizes []int, eps []conn.Endpoint) (int, 
 	for i := range got {
 		h := &r.hdrs[i]
 		sizes[i] = int(h.Len)
-		dst := r.sender(i)
+		dst := r.from(i)
 		var src netip.Addr
 		var ifidx uint32
 		if h.Hdr.Flags&unix.MSG_CTRUNC == 0 {
@@ -392,8 +395,8 @@ func (r *reader) receive(bufs [][]byte, sizes []int, eps []conn.Endpoint) (int, 
 	return got, nil
 }
 
-// sender returns the source address of message i.
-func (r *reader) sender(i int) netip.AddrPort {
+// from returns the address message i came from.
+func (r *reader) from(i int) netip.AddrPort {
 	if !r.is6 {
 		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&r.names[i]))
 		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), ntohs(sa.Port))
@@ -586,6 +589,9 @@ func sendmmsg(rc syscall.RawConn, hdrs []unix.Mmsghdr) (int, error) {
 	)
 	err := rc.Write(func(fd uintptr) bool {
 		m, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0)
+		for e == unix.EINTR {
+			m, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0)
+		}
 		sent, errno = int(m), e
 		return errno != unix.EAGAIN
 	})

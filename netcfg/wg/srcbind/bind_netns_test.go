@@ -2,8 +2,11 @@ package srcbind_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -360,5 +363,50 @@ func TestConfiguredEndpoint(t *testing.T) {
 	}
 	if _, err := b.ParseEndpoint("not an endpoint"); err == nil {
 		t.Error("ParseEndpoint accepted garbage")
+	}
+}
+
+// TestSetMark: datagrams carry the firewall mark the device sets (policy
+// routing keeps a tunnel's own traffic out of the tunnel with it), both
+// families, from a remembered source too.
+func TestSetMark(t *testing.T) {
+	l := newLab(t)
+	b := srcbind.New()
+	fns, port := l.open(t, b)
+	if err := b.SetMark(0x42); err != nil {
+		t.Fatalf("SetMark: %v", err)
+	}
+	rules := fmt.Sprintf(`table inet marks {
+	counter marked {}
+	counter unmarked {}
+	chain out {
+		type filter hook output priority filter; policy accept;
+		udp sport %[1]d meta mark 0x42 counter name "marked"
+		udp sport %[1]d meta mark != 0x42 counter name "unmarked"
+	}
+}
+`, port)
+	f := filepath.Join(t.TempDir(), "marks.nft")
+	if err := os.WriteFile(f, []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l.node.Exec(t, "nft", "-f", f)
+	for _, tc := range []srcCase{srcCases[0], srcCases[2]} {
+		c := l.dial(t, tc.network)
+		if _, err := c.WriteToUDPAddrPort([]byte{1}, netip.AddrPortFrom(tc.dialled, port)); err != nil {
+			t.Fatal(err)
+		}
+		ep := recv(t, b, fns[tc.fn], 1)[0]
+		if err := b.Send([][]byte{[]byte("a"), []byte("b")}, ep); err != nil {
+			t.Fatalf("%s: send: %v", tc.name, err)
+		}
+		if from := answers(t, c, 2); from[0] != tc.dialled || from[1] != tc.dialled {
+			t.Errorf("%s: answers from %v; want %v", tc.name, from, tc.dialled)
+		}
+	}
+	for name, want := range map[string]string{"marked": "packets 4 ", "unmarked": "packets 0 "} {
+		if out := l.node.Exec(t, "nft", "list", "counter", "inet", "marks", name); !strings.Contains(out, want) {
+			t.Errorf("counter %s: want %q:\n%s", name, want, out)
+		}
 	}
 }
