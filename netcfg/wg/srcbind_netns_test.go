@@ -154,11 +154,11 @@ func TestAnswersFromDialledAddressBehindNAT(t *testing.T) {
 				l.sync(l.handle(n.client), dc, false)
 
 				// The first ping starts the handshake.
-				deadline := time.Now().Add(10 * time.Second)
+				deadline := time.Now().Add(20 * time.Second)
 				for !handshaken(t, n.client, nc) {
 					if time.Now().After(deadline) {
 						dialled, other := n.counted(t)
-						t.Fatalf("no handshake in 10s; the node's datagrams reached the router %d times from %s (dialled), %d times from elsewhere", dialled, c.dialled, other)
+						t.Fatalf("no handshake in 20s; the node's datagrams reached the router %d times from %s (dialled), %d times from elsewhere", dialled, c.dialled, other)
 					}
 					n.client.TryExec("ping", "-c", "1", "-W", "1", "10.77.0.1")
 				}
