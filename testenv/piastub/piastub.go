@@ -11,6 +11,7 @@
 package piastub
 
 import (
+	"context"
 	"crypto/rsa"
 	"crypto/tls"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/testenv"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // Layout of the stub's addresses. The node reaches them through the WAN
@@ -42,7 +44,22 @@ var (
 	Exit = netip.MustParseAddr("203.0.113.1")
 	// Far is the host in the internet namespace.
 	Far = netip.MustParseAddr("203.0.113.10")
+	// MetaPorts are the ports every meta server answers on, as the list's
+	// groups.meta says (PIA.md §2).
+	MetaPorts = []int{443, 8080}
+	// WebNames are the names the www host's certificate carries: PIA's
+	// token and list hosts, which PIA's clients (its scripts among them)
+	// reach it by, and the stub's own.
+	WebNames = []string{"www.privateinternetaccess.com", "serverlist.piaservers.net", "www.piastub.test"}
 )
+
+// WGPort is the port of every WireGuard server, the list's groups.wg and
+// addKey's server_port: addKey on TCP, WireGuard on UDP (PIA.md §2, §3).
+const WGPort = 1337
+
+// listenBase is the first of the ports the servers' WireGuard devices
+// listen on inside the stub's namespace (one each; WGPort is DNATed).
+const listenBase = 41337
 
 // RegionSpec is one region of the list.
 type RegionSpec struct {
@@ -112,6 +129,9 @@ type Stub struct {
 	tamper      bool
 	slow        time.Duration
 	servers     []*http.Server
+	// retirers are replaced keys waiting for their successor's answer to
+	// get through; added to under mu, and only before stopped is closed.
+	retirers sync.WaitGroup
 	// port forwarding
 	payloads         map[string]*payload
 	bound            map[int]*bound
@@ -159,16 +179,22 @@ func Start(t testing.TB, o Options) *Stub {
 	k := 0
 	for ri, r := range o.Regions {
 		for si, spec := range r.Servers {
+			if ri > 250 || si > 126 || k > 240 {
+				t.Fatalf("piastub: too many regions or servers for its address plan (region %d, server %d)", ri, si)
+			}
 			srv := &Server{stub: s, Spec: spec, Region: r.ID, index: k,
 				Meta: netip.AddrFrom4([4]byte{198, 18, byte(ri + 1), byte(2*si + 1)}),
 				WG:   netip.AddrFrom4([4]byte{198, 18, byte(ri + 1), byte(2*si + 2)}),
 				VIP:  netip.AddrFrom4([4]byte{10, byte(10 + k), 0, 1}),
-				Port: 1337 + k, peers: map[string]peer{}}
+				Port: WGPort, listenPort: listenBase + k, peers: map[string]*peer{}, retiring: map[wgtypes.Key]*peer{}}
+			srv.pool = newPeerPool(netip.PrefixFrom(srv.VIP, 16), srv.VIP, func(a netip.Addr) bool { return slices.Contains(DNSServers, a) })
 			run(t, s.NS, "ip addr add "+srv.Meta.String()+"/32 dev lo", "ip addr add "+srv.WG.String()+"/32 dev lo")
 			srv.startWireGuard()
 			cert := srv.leaf()
-			s.serve(srv.Meta, 443, s.serverTLS(srv, cert), srv.metaMux())
-			s.serve(srv.WG, 1337, s.serverTLS(srv, cert), srv.wgMux())
+			for _, p := range MetaPorts {
+				s.serve(srv.Meta, p, s.serverTLS(srv, cert), srv.metaMux())
+			}
+			s.serve(srv.WG, WGPort, s.serverTLS(srv, cert), srv.wgMux())
 			s.serve(srv.VIP, 19999, s.serverTLS(srv, cert), srv.pfMux())
 			s.serve(srv.WG, 19999, s.serverTLS(srv, cert), srv.pfMux())
 			s.Servers = append(s.Servers, srv)
@@ -205,7 +231,9 @@ func (s *Stub) serve(addr netip.Addr, port int, tc *tls.Config, h http.Handler) 
 	}
 	hs := &http.Server{Handler: s.slowly(h), TLSConfig: tc, ReadHeaderTimeout: 10 * time.Second,
 		// Refused handshakes are what the bad-certificate tests provoke.
-		ErrorLog: log.New(io.Discard, "", 0)}
+		ErrorLog: log.New(io.Discard, "", 0),
+		// addKey watches its answer get through on the connection.
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) }}
 	s.mu.Lock()
 	s.servers = append(s.servers, hs)
 	s.mu.Unlock()
@@ -221,6 +249,7 @@ func (s *Stub) stop() {
 	for _, hs := range servers {
 		hs.Close()
 	}
+	s.retirers.Wait()
 	for _, srv := range s.Servers {
 		srv.stopWireGuard()
 	}
@@ -243,8 +272,14 @@ func (s *Stub) slowly(h http.Handler) http.Handler {
 	})
 }
 
+// connKey is the request context's key of its connection.
+type connKey struct{}
+
+// webTLS is the www host's: a leaf of the stub's web CA naming WebNames
+// and WWW, so that a client resolving PIA's host names to WWW and
+// trusting that CA reaches it as it would PIA.
 func (s *Stub) webTLS() *tls.Config {
-	cert := s.web.leaf("www.piastub.test", []string{"www.piastub.test"}, []net.IP{WWW.AsSlice()})
+	cert := s.web.leaf(WebNames[0], WebNames, []net.IP{WWW.AsSlice()})
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 }
 

@@ -3,6 +3,7 @@ package piastub
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -12,18 +13,20 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/testenv"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
-// Server is one physical PIA server of the stub: a meta address (token),
-// a WireGuard address (addKey on 1337, WireGuard on Port) and a real
-// WireGuard device whose address is VIP.
+// Server is one physical PIA server of the stub: a meta address (token on
+// the meta ports), a WireGuard address (addKey on TCP 1337, WireGuard on
+// UDP Port) and a real WireGuard device whose address is VIP.
 type Server struct {
 	stub   *Stub
 	Spec   ServerSpec
@@ -32,20 +35,42 @@ type Server struct {
 	Meta   netip.Addr
 	WG     netip.Addr
 	VIP    netip.Addr // server_vip: 10.(10+index).0.1
-	Port   int        // the WireGuard UDP port (server_port)
+	// Port is the WireGuard UDP port (server_port): the list's, 1337, as
+	// at PIA. The devices of every server share the stub's namespace, so
+	// each listens on a port of its own (listenPort) and WG:Port is
+	// DNATed to it.
+	Port       int
+	listenPort int
 
 	dev      string
 	kernel   bool
 	us       *wg.Userspace
 	key      wgtypes.Key
-	next     int             // the last peer IP's host part handed out
-	peers    map[string]peer // account -> its key on this server
-	busyNext int             // binds to answer 409
+	pool     *peerPool
+	peers    map[string]*peer      // account -> its key on this server
+	retiring map[wgtypes.Key]*peer // keys replaced, removed once the answer is through
+	busyNext int                   // binds to answer 409
 }
 
 type peer struct {
 	key wgtypes.Key
 	ip  netip.Addr
+}
+
+// inUse reports whether a is a peer's address, current or retiring.
+// s.mu is held.
+func (srv *Server) inUse(a netip.Addr) bool {
+	for _, p := range srv.peers {
+		if p.ip == a {
+			return true
+		}
+	}
+	for _, p := range srv.retiring {
+		if p.ip == a {
+			return true
+		}
+	}
+	return false
 }
 
 // leaf is the server's certificate as its spec says.
@@ -83,7 +108,8 @@ func (srv *Server) startWireGuard() {
 		}
 	}
 	srv.newKey()
-	run(s.t, s.NS, "ip addr add "+srv.VIP.String()+"/16 dev "+srv.dev, "ip link set "+srv.dev+" up")
+	run(s.t, s.NS, "ip addr add "+srv.VIP.String()+"/16 dev "+srv.dev, "ip link set "+srv.dev+" up",
+		fmt.Sprintf("nft add rule ip stubnat pre ip daddr %s udp dport %d dnat to %s:%d", srv.WG, srv.Port, srv.WG, srv.listenPort))
 }
 
 func (srv *Server) stopWireGuard() {
@@ -110,7 +136,7 @@ func (srv *Server) newKey() {
 	if err != nil {
 		srv.stub.t.Fatal(err)
 	}
-	port := srv.Port
+	port := srv.listenPort
 	if err := srv.configure(wgtypes.Config{PrivateKey: &k, ListenPort: &port, ReplacePeers: true}); err != nil {
 		srv.stub.t.Fatalf("piastub: configure %s: %v", srv.dev, err)
 	}
@@ -123,7 +149,8 @@ func (srv *Server) Restart() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	srv.newKey()
-	srv.peers = map[string]peer{}
+	srv.peers = map[string]*peer{}
+	srv.retiring = map[wgtypes.Key]*peer{}
 	srv.forgetPorts()
 }
 
@@ -144,9 +171,10 @@ func (srv *Server) Peers() int {
 }
 
 // StopUDP makes the server's WireGuard stop answering (its UDP port is
-// dropped); its API still answers.
+// dropped, after the DNAT: by the device's own port); its API still
+// answers.
 func (srv *Server) StopUDP() {
-	srv.fault("udp dport " + strconv.Itoa(srv.Port) + " drop")
+	srv.fault("udp dport " + strconv.Itoa(srv.listenPort) + " drop")
 }
 
 // Down makes the server answer nothing at all, API included.
@@ -212,52 +240,147 @@ func (srv *Server) wgMux() http.Handler {
 		s.count("http:" + srv.Spec.CN)
 		s.count("addKey:" + srv.Spec.CN)
 		q := r.URL.Query()
+		status, answer, old := srv.addKey(q.Get("pt"), q.Get("pubkey"))
+		body, _ := json.Marshal(answer)
+		body = append(body, '\n')
+		// A length, not chunks: the answer is whole once flushed, before
+		// the handler returns.
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(status)
+		w.Write(body)
+		if old == nil {
+			return
+		}
+		// The new key ends the account's old registration (PIA.md §3), but
+		// only once the answer is through: PIA's connect script, run with
+		// its tunnel up, asks through that very tunnel.
+		http.NewResponseController(w).Flush()
+		conn, _ := r.Context().Value(connKey{}).(net.Conn)
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		_, valid := s.validToken(q.Get("pt"))
-		if s.loginFailed > 0 {
-			s.loginFailed--
-			valid = false
-		}
-		if !valid {
-			// As PIA: an HTTP 200 whose body says the login failed.
-			writeJSON(w, map[string]string{"status": "ERROR", "message": "Login failed!"})
+		select {
+		case <-s.stopped:
+			// Stopping: the device goes with every peer on it.
+			s.mu.Unlock()
 			return
+		default:
 		}
-		kb, err := base64.StdEncoding.DecodeString(q.Get("pubkey"))
-		if err != nil || len(kb) != 32 {
-			w.WriteHeader(http.StatusBadRequest)
-			writeJSON(w, map[string]string{"status": "ERROR", "message": "Invalid pubkey"})
-			return
-		}
-		key := wgtypes.Key(kb)
-		acct := s.opts.Username
-		old, had := srv.peers[acct]
-		ip := old.ip
-		if !had || old.key != key {
-			srv.next++
-			ip = netip.AddrFrom4([4]byte{10, byte(10 + srv.index), byte(srv.next >> 8), byte(srv.next&0xff) + 2})
-		}
-		cfg := wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: key, ReplaceAllowedIPs: true,
-			AllowedIPs: []net.IPNet{{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}}}}
-		if had && old.key != key {
-			// The same account registering a second key on this server
-			// ends its first registration (PIA.md §3).
-			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: old.key, Remove: true})
-		}
-		if err := srv.configure(cfg); err != nil {
-			w.WriteHeader(http.StatusInternalServerError)
-			writeJSON(w, map[string]string{"status": "ERROR", "message": "internal"})
-			return
-		}
-		srv.peers[acct] = peer{key, ip}
-		writeJSON(w, map[string]any{
-			"status": "OK", "server_key": srv.key.PublicKey().String(), "server_port": srv.Port,
-			"server_ip": srv.WG.String(), "server_vip": srv.VIP.String(), "peer_ip": ip.String(),
-			"peer_pubkey": key.String(), "dns_servers": []string{DNSServers[0].String(), DNSServers[1].String()},
-		})
+		s.retirers.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.retirers.Done()
+			srv.retire(conn, old)
+		}()
 	})
 	return m
+}
+
+// addKey registers key (base64) for the account whose token is tok. It
+// returns the HTTP status and body to answer, and the peer the new key
+// replaces, if any: still on the device, to be retired.
+func (srv *Server) addKey(tok, key64 string) (int, any, *peer) {
+	s := srv.stub
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, valid := s.validToken(tok)
+	if s.loginFailed > 0 {
+		s.loginFailed--
+		valid = false
+	}
+	if !valid {
+		// As PIA: an HTTP 200 whose body says the login failed.
+		return http.StatusOK, map[string]string{"status": "ERROR", "message": "Login failed!"}, nil
+	}
+	kb, err := base64.StdEncoding.DecodeString(key64)
+	if err != nil || len(kb) != 32 {
+		return http.StatusBadRequest, map[string]string{"status": "ERROR", "message": "Invalid pubkey"}, nil
+	}
+	key := wgtypes.Key(kb)
+	acct := s.opts.Username
+	cur := srv.peers[acct]
+	if cur != nil && cur.key == key {
+		// The same key again: the same registration.
+		return http.StatusOK, srv.answer(cur), nil
+	}
+	ip, ok := srv.pool.next(srv.inUse)
+	if !ok {
+		return http.StatusServiceUnavailable, map[string]string{"status": "ERROR", "message": "No free address"}, nil
+	}
+	// The key may be one being retired, registered again: it is current
+	// again, and its pending retirement is void.
+	delete(srv.retiring, key)
+	cfg := wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: key, ReplaceAllowedIPs: true,
+		AllowedIPs: []net.IPNet{{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}}}}
+	if err := srv.configure(cfg); err != nil {
+		return http.StatusInternalServerError, map[string]string{"status": "ERROR", "message": "internal"}, nil
+	}
+	p := &peer{key, ip}
+	srv.peers[acct] = p
+	if cur != nil {
+		srv.retiring[cur.key] = cur
+	}
+	return http.StatusOK, srv.answer(p), cur
+}
+
+// answer is addKey's answer for p. s.mu is held.
+func (srv *Server) answer(p *peer) map[string]any {
+	return map[string]any{
+		"status": "OK", "server_key": srv.key.PublicKey().String(), "server_port": srv.Port,
+		"server_ip": srv.WG.String(), "server_vip": srv.VIP.String(), "peer_ip": p.ip.String(),
+		"peer_pubkey": p.key.String(), "dns_servers": []string{DNSServers[0].String(), DNSServers[1].String()},
+	}
+}
+
+// retire removes old from the device once its peer on c has acknowledged
+// every byte written to c (the addKey answer), or after retireWait, or at
+// once if c cannot tell. A key registered again meanwhile stays.
+func (srv *Server) retire(c net.Conn, old *peer) {
+	s := srv.stub
+	deadline := time.Now().Add(retireWait)
+	for time.Now().Before(deadline) {
+		if n, err := unacked(c); err != nil || n == 0 {
+			break
+		}
+		select {
+		case <-s.stopped:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if srv.retiring[old.key] != old {
+		return
+	}
+	delete(srv.retiring, old.key)
+	// An error here is a device already gone (the stub stopping).
+	srv.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: old.key, Remove: true}}})
+}
+
+// retireWait bounds how long a replaced key outlives its successor's
+// answer when the client does not acknowledge it.
+const retireWait = 5 * time.Second
+
+// unacked is how many bytes written to c its peer has not acknowledged
+// (SIOCOUTQ: unsent and unacknowledged).
+func unacked(c net.Conn) (int, error) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, fmt.Errorf("%T has no socket", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil {
+		return 0, err
+	}
+	return n, ierr
 }
 
 // wwwMux is the www host: the token and the server list.
@@ -344,8 +467,8 @@ func (s *Stub) validToken(tok string) (time.Time, bool) {
 	return exp, ok && time.Now().Before(exp)
 }
 
-// TokenSeen reports whether tok is one the stub issued (for the secret
-// grep: the test knows no token otherwise).
+// IssuedTokens are the tokens the stub issued (for the secret grep: the
+// test knows no token otherwise).
 func (s *Stub) IssuedTokens() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -357,8 +480,12 @@ func (s *Stub) IssuedTokens() []string {
 }
 
 // list is the signed server list: one line of compact JSON (over 1000
-// bytes, as PIA's scripts insist), a blank line, and base64 of an RSA
-// PKCS#1 v1.5 SHA-256 signature over exactly that line.
+// bytes with the default regions, as PIA's scripts insist), a blank line,
+// and base64 of an RSA PKCS#1 v1.5 SHA-256 signature over exactly that
+// line. Its groups are PIA's, every service's ports; its regions list the
+// servers the stub runs, meta and wg, and no others, so no client is sent
+// to a service the stub lacks (OpenVPN, IKEv2, the proxies). Every server
+// answers on every port its groups name (MetaPorts, WGPort).
 func (s *Stub) list() []byte {
 	type srvJ struct {
 		IP string `json:"ip"`
@@ -391,13 +518,16 @@ func (s *Stub) list() []byte {
 		}
 		regions[i].Servers["meta"] = append(regions[i].Servers["meta"], srvJ{srv.Meta.String(), srv.Spec.CN})
 		regions[i].Servers["wg"] = append(regions[i].Servers["wg"], srvJ{srv.WG.String(), srv.Spec.CN})
-		regions[i].Servers["ovpntcp"] = append(regions[i].Servers["ovpntcp"], srvJ{srv.WG.String(), srv.Spec.CN})
 	}
 	line, _ := json.Marshal(map[string]any{
 		"groups": map[string]any{
-			"ovpntcp": []map[string]any{{"name": "openvpn_tcp", "ports": []int{80, 443, 853, 8443}}},
-			"wg":      []map[string]any{{"name": "wireguard", "ports": []int{1337}}},
-			"meta":    []map[string]any{{"name": "meta", "ports": []int{443, 8080}}},
+			"ovpntcp":    []map[string]any{{"name": "openvpn_tcp", "ports": []int{80, 443, 853, 8443}}},
+			"ovpnudp":    []map[string]any{{"name": "openvpn_udp", "ports": []int{8080, 853, 123, 53}}},
+			"wg":         []map[string]any{{"name": "wireguard", "ports": []int{WGPort}}},
+			"ikev2":      []map[string]any{{"name": "ikev2", "ports": []int{500, 4500}}},
+			"proxysocks": []map[string]any{{"name": "socks", "ports": []int{1080}}},
+			"proxyss":    []map[string]any{{"name": "shadowsocks", "ports": []int{443}}},
+			"meta":       []map[string]any{{"name": "meta", "ports": MetaPorts}},
 		},
 		"regions": regions,
 	})
