@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"crypto/rsa"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -349,6 +351,37 @@ func (d *Daemon) publishPort(name string, t *piaTunnel) {
 		case <-time.After(time.Minute):
 		}
 	}()
+}
+
+// portFileExt ends a port file's name: DEVICE.port.
+const portFileExt = ".port"
+
+// removePortFile removes dev's port file from dir; none is no error.
+func removePortFile(dir, dev string) error {
+	err := os.Remove(filepath.Join(dir, dev+portFileExt))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// RemovePortFiles removes every port file in dir (teardown: no device
+// forwards a port any more); a missing dir is no error.
+func RemovePortFiles(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if name, ok := strings.CutSuffix(e.Name(), portFileExt); ok && e.Type().IsRegular() {
+			errs = append(errs, removePortFile(dir, name))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // hookTimeout bounds an onChange run.

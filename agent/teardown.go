@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 
+	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/dependents"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -48,4 +50,18 @@ func keepPods(ctx context.Context, h *host.Host, p netcfg.Plans, log *slog.Logge
 	}
 	b.WriteString("\nremove those pods first (or their attachments, with CNI DEL), or run nodeagent teardown --force")
 	return fmt.Errorf("%s", b.String())
+}
+
+// removePorts removes the forwarded ports' files (o.PortDir, by default
+// beside the default socket): after teardown no device forwards a port,
+// and a reader of a file left behind would take a port that reaches
+// nothing.
+func removePorts(o Options, log *slog.Logger) {
+	dir := o.PortDir
+	if dir == "" {
+		dir = filepath.Join(filepath.Dir(api.DefaultSocket), "pia")
+	}
+	if err := RemovePortFiles(dir); err != nil {
+		log.Warn("removing the forwarded ports' files", "dir", dir, "err", err)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -150,6 +151,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		work = func(ctx context.Context) error { return agent.ApplyOnce(ctx, stdout, log, opts) }
 	case "teardown":
 		opts.Force = *force
+		opts.PortDir = filepath.Join(filepath.Dir(v.GetString("socket")), "pia")
 		work = func(ctx context.Context) error { return agent.Teardown(ctx, stdout, log, opts) }
 	case "version":
 		fmt.Fprintln(stdout, "nodeagent", version)
