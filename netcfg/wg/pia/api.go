@@ -5,7 +5,6 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,6 +115,28 @@ func (a *API) server(s Server, port int) *http.Client {
 	return httpClient(pinned(a.Roots, s.CN), a.Dial, net.JoinHostPort(s.IP, strconv.Itoa(port)), apiTimeout)
 }
 
+// newRequest is http.NewRequestWithContext whose error never quotes the
+// URL: it may carry a token, a port payload or its signature.
+func newRequest(ctx context.Context, what, method, u string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: the request's URL does not parse", what)
+	}
+	return req, nil
+}
+
+// serverOK checks a server's cn and IP before anything is sent to it: the
+// cn goes into the URL and the TLS name, the IP is dialled as it is.
+func serverOK(what string, s Server) error {
+	if !ValidCN(s.CN) {
+		return fmt.Errorf("%s: the server's cn is not a host name; not asked", what)
+	}
+	if a, err := netip.ParseAddr(s.IP); err != nil || unicast4(a) != "" {
+		return fmt.Errorf("%s: the server's IP is not a unicast IPv4 address; not asked", what)
+	}
+	return nil
+}
+
 // List fetches and checks the server list.
 func (a *API) List(ctx context.Context) (*List, error) {
 	return fetchList(ctx, a.web(), a.ListURL, a.ListKey)
@@ -128,7 +149,12 @@ func (a *API) List(ctx context.Context) (*List, error) {
 func (a *API) Token(ctx context.Context, c Creds, meta []Server, metaPort int) (Secret, error) {
 	var errs []error
 	for _, s := range meta {
-		tok, err := a.tokenAt(ctx, a.server(s, metaPort), "https://"+s.CN+"/api/client/v2/token", c, "meta server "+s.CN)
+		what := "meta server " + s.CN
+		if err := serverOK("meta server", s); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		tok, err := a.tokenAt(ctx, a.server(s, metaPort), "https://"+s.CN+"/api/client/v2/token", c, what)
 		if err == nil {
 			return tok, nil
 		}
@@ -147,9 +173,9 @@ func (a *API) Token(ctx context.Context, c Creds, meta []Server, metaPort int) (
 
 func (a *API) tokenAt(ctx context.Context, hc *http.Client, u string, c Creds, what string) (Secret, error) {
 	form := url.Values{"username": {c.Username}, "password": {c.Password.Value()}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(form.Encode()))
+	req, err := newRequest(ctx, what, http.MethodPost, u, strings.NewReader(form.Encode()))
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", what, err)
+		return "", err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	resp, err := hc.Do(req)
@@ -205,11 +231,14 @@ func (r Registration) Endpoint() netip.AddrPort {
 // AddKey registers pub with the WireGuard server s of region, with token,
 // and checks every field of the answer.
 func (a *API) AddKey(ctx context.Context, region string, s Server, port int, token Secret, pub wgtypes.Key) (Registration, error) {
+	if err := serverOK("addKey", s); err != nil {
+		return Registration{}, err
+	}
 	what := "addKey at " + s.CN
 	q := url.Values{"pt": {token.Value()}, "pubkey": {pub.String()}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+s.CN+"/addKey?"+q.Encode(), nil)
+	req, err := newRequest(ctx, what, http.MethodGet, "https://"+s.CN+"/addKey?"+q.Encode(), nil)
 	if err != nil {
-		return Registration{}, fmt.Errorf("%s: %w", what, err)
+		return Registration{}, err
 	}
 	resp, err := a.server(s, port).Do(req)
 	if err != nil {
@@ -247,11 +276,8 @@ func (a *API) AddKey(ctx context.Context, region string, s Server, port int, tok
 	bad := func(field string) (Registration, error) {
 		return Registration{}, fmt.Errorf("%s: the answer's %s is not valid", what, field)
 	}
-	if k, err := base64.StdEncoding.DecodeString(ans.ServerKey); err != nil || len(k) != 32 {
-		return bad("server_key")
-	}
-	if ans.ServerPort < 1 || ans.ServerPort > 65535 {
-		return bad("server_port")
+	if len(ans.DNSServers) > MaxDNSServers {
+		return Registration{}, fmt.Errorf("%s: the answer's dns_servers lists %d resolvers, over the %d allowed", what, len(ans.DNSServers), MaxDNSServers)
 	}
 	r := Registration{Region: region, Server: s, ServerKey: ans.ServerKey, ServerPort: ans.ServerPort, PublicKey: pub.String(), At: time.Now().UTC()}
 	for _, f := range []struct {
@@ -274,6 +300,11 @@ func (a *API) AddKey(ctx context.Context, region string, s Server, port int, tok
 			return bad("dns_servers")
 		}
 		r.DNS = append(r.DNS, a)
+	}
+	// Every field once more as a whole: no loopback, unspecified,
+	// multicast, broadcast or link-local address, a 32-byte key, a port.
+	if err := r.check(); err != nil {
+		return Registration{}, fmt.Errorf("%s: the answer's %v", what, err)
 	}
 	return r, nil
 }

@@ -28,6 +28,10 @@ type List struct {
 	Signature []byte
 	Groups    map[string][]Group `json:"groups"`
 	Regions   []Region           `json:"regions"`
+	// Dropped counts what the list named that is not used: servers whose
+	// cn is not a host name or whose IP is not a unicast IPv4 address,
+	// regions whose id is not a plain name (see sanitize).
+	Dropped int `json:"-"`
 }
 
 // Group is a group of ports ("wg": the WireGuard API port; "meta": the
@@ -86,7 +90,56 @@ func checkList(line, sig []byte, key *rsa.PublicKey) (*List, error) {
 	if err := json.Unmarshal(line, l); err != nil {
 		return nil, fmt.Errorf("server list: %w", err)
 	}
+	l.sanitize()
 	return l, nil
+}
+
+// maxRegionID bounds a region's id (PIA's are like nl_amsterdam).
+const maxRegionID = 64
+
+// validRegionID reports whether id is a plain name: letters, digits, '_',
+// '-' and '.', at most maxRegionID characters.
+func validRegionID(id string) bool {
+	if id == "" || len(id) > maxRegionID {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// sanitize drops, as the list is loaded (fetched or read from the cache),
+// what no request may be made from: a server whose cn is not a DNS host
+// name (it goes into the URL and the TLS name, and a space or '%' there
+// put the token into errors) or whose IP is not a unicast IPv4 address
+// (it is dialled as it is: a name would be resolved), and a region whose
+// id is not a plain name (it is saved with the registration). The
+// signature covers the list as PIA sent it; this only uses less of it.
+func (l *List) sanitize() {
+	regions := l.Regions[:0]
+	for _, r := range l.Regions {
+		if !validRegionID(r.ID) {
+			l.Dropped++
+			continue
+		}
+		for kind, ss := range r.Servers {
+			keep := make([]Server, 0, len(ss))
+			for _, s := range ss {
+				if a, err := netip.ParseAddr(s.IP); err != nil || unicast4(a) != "" || !ValidCN(s.CN) {
+					l.Dropped++
+					continue
+				}
+				keep = append(keep, s)
+			}
+			r.Servers[kind] = keep
+		}
+		regions = append(regions, r)
+	}
+	l.Regions = regions
 }
 
 // Region returns the region with id.
@@ -116,13 +169,13 @@ func (l *List) MetaPort() int { return l.port("meta", 443) }
 
 // fetchList gets the list from url with c, and checks it.
 func fetchList(ctx context.Context, c httpDoer, url string, key *rsa.PublicKey) (*List, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := newRequest(ctx, "server list", http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("server list: %w", err)
+		return nil, fmt.Errorf("server list: %w", stripURL(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -97,13 +97,18 @@ func LoadListKey(path string) (*rsa.PublicKey, error) {
 // (PIA's servers choose the certificate by it), the chain must lead to
 // roots and nothing else, and the leaf must name cn in a DNS SAN or, as
 // PIA's leaves long did, only in its subject CN (which Go's own
-// verification no longer accepts).
+// verification no longer accepts). An empty cn names no server: it is
+// refused, as is a leaf's empty subject CN (which would otherwise equal
+// it).
 func pinned(roots *x509.CertPool, cn string) *tls.Config {
 	return &tls.Config{
 		ServerName:         cn,
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: true, // verified below, against roots only
 		VerifyConnection: func(cs tls.ConnectionState) error {
+			if cn == "" {
+				return errors.New("no server name to check the certificate against")
+			}
 			if len(cs.PeerCertificates) == 0 {
 				return errors.New("no certificate")
 			}
@@ -115,7 +120,7 @@ func pinned(roots *x509.CertPool, cn string) *tls.Config {
 			if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter}); err != nil {
 				return fmt.Errorf("certificate of %s: %w", cn, err)
 			}
-			if leaf.VerifyHostname(cn) == nil || leaf.Subject.CommonName == cn {
+			if leaf.VerifyHostname(cn) == nil || leaf.Subject.CommonName != "" && leaf.Subject.CommonName == cn {
 				return nil
 			}
 			return fmt.Errorf("certificate names %q (SANs %v), not %s", leaf.Subject.CommonName, leaf.DNSNames, cn)

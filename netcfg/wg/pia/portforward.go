@@ -41,13 +41,31 @@ func (a *API) pf(dial DialFunc, cn string, vip netip.Addr) *http.Client {
 	return httpClient(pinned(a.Roots, cn), dial, netip.AddrPortFrom(vip, PFPort).String(), apiTimeout)
 }
 
+// maxSigField bounds a payload and a signature (PIA's are a few hundred
+// bytes): they are saved, and the state file has a size cap.
+const maxSigField = 2048
+
+// pfOK checks the server's cn and vip before anything is sent.
+func pfOK(what, cn string, vip netip.Addr) error {
+	if !ValidCN(cn) {
+		return fmt.Errorf("%s: the server's cn is not a host name; not asked", what)
+	}
+	if why := unicast4(vip); why != "" {
+		return fmt.Errorf("%s: server_vip is not valid (%s); not asked", what, why)
+	}
+	return nil
+}
+
 // GetSignature asks the server cn (at vip, through the tunnel) for a
 // port-forwarding signature for token.
 func (a *API) GetSignature(ctx context.Context, dial DialFunc, cn string, vip netip.Addr, token Secret) (Signature, error) {
+	if err := pfOK("getSignature", cn, vip); err != nil {
+		return Signature{}, err
+	}
 	what := "getSignature at " + cn
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+cn+":"+strconv.Itoa(PFPort)+"/getSignature?"+url.Values{"token": {token.Value()}}.Encode(), nil)
+	req, err := newRequest(ctx, what, http.MethodGet, "https://"+cn+":"+strconv.Itoa(PFPort)+"/getSignature?"+url.Values{"token": {token.Value()}}.Encode(), nil)
 	if err != nil {
-		return Signature{}, fmt.Errorf("%s: %w", what, err)
+		return Signature{}, err
 	}
 	resp, err := a.pf(dial, cn, vip).Do(req)
 	if err != nil {
@@ -69,7 +87,7 @@ func (a *API) GetSignature(ctx context.Context, dial DialFunc, cn string, vip ne
 		return Signature{}, err
 	}
 	raw, err := base64.StdEncoding.DecodeString(ans.Payload)
-	if err != nil || ans.Signature == "" {
+	if err != nil || ans.Signature == "" || len(ans.Payload) > maxSigField || len(ans.Signature) > maxSigField {
 		return Signature{}, fmt.Errorf("%s: the answer's payload or signature is not valid", what)
 	}
 	var p struct {
@@ -92,11 +110,14 @@ func (a *API) GetSignature(ctx context.Context, dial DialFunc, cn string, vip ne
 
 // BindPort binds s's port at the server cn (at vip, through the tunnel).
 func (a *API) BindPort(ctx context.Context, dial DialFunc, cn string, vip netip.Addr, s Signature) error {
+	if err := pfOK("bindPort", cn, vip); err != nil {
+		return err
+	}
 	what := "bindPort at " + cn
 	q := url.Values{"payload": {s.Payload.Value()}, "signature": {s.Signature.Value()}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+cn+":"+strconv.Itoa(PFPort)+"/bindPort?"+q.Encode(), nil)
+	req, err := newRequest(ctx, what, http.MethodGet, "https://"+cn+":"+strconv.Itoa(PFPort)+"/bindPort?"+q.Encode(), nil)
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return err
 	}
 	resp, err := a.pf(dial, cn, vip).Do(req)
 	if err != nil {
@@ -251,13 +272,17 @@ func (p *Provider) SetNotified(port int) {
 var DefaultDNS = netip.MustParseAddr("10.0.0.243")
 
 // DNS is the resolver the DNS redirect sends to: the first of addKey's
-// dns_servers that answered a probe, else the first of them.
+// dns_servers that answered a probe through the tunnel; until one has,
+// DefaultDNS. An answer's dns_servers are never used unprobed: what a
+// server names is not trusted to be a resolver inside its tunnel (it may
+// name an address of the node's, or of its LAN). DefaultDNS is fail-closed
+// on its own: it is PIA's resolver, inside PIA's network, so the
+// redirected queries are routed by the kill-switch table into the tunnel,
+// or dropped by the kill switch while there is none; they reach no other
+// resolver.
 func (p *Provider) DNS() netip.Addr {
 	if p.dnsActive.IsValid() {
 		return p.dnsActive
-	}
-	if p.reg != nil && len(p.reg.DNS) > 0 {
-		return p.reg.DNS[0]
 	}
 	return DefaultDNS
 }
@@ -281,7 +306,7 @@ func (p *Provider) stepDNS(ctx context.Context, now time.Time) {
 
 func (p *Provider) handleDNS(r dnsResult) bool {
 	if !r.active.IsValid() {
-		p.log.Warn("none of PIA's resolvers answered; DNS stays with the first", "resolvers", fmt.Sprint(p.reg.DNS))
+		p.log.Warn("none of PIA's resolvers answered; DNS stays where it was", "resolvers", fmt.Sprint(p.reg.DNS), "dns", p.DNS())
 		p.dnsAt = p.now().Add(30 * time.Second)
 		return false
 	}

@@ -126,6 +126,11 @@ type Config struct {
 	Timers          Timers
 	// Host is the node's namespace, where probes are sent from.
 	Host *host.Host
+	// Reserved are the prefixes the node has or its config names (its
+	// links' addresses, routes, kill-switch sources): a registration
+	// whose peer_ip, server_vip or a resolver lies in one is refused, and
+	// a saved one is not re-adopted.
+	Reserved []netip.Prefix
 	// Count, if set, is told of every registration (result "ok",
 	// "login_failed", "error") and token ("issued", "refreshed",
 	// "rejected", "error").
@@ -271,13 +276,47 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 		// the port stays published, and onChange is not run again.
 		p.sig, p.port, p.notified = pf.Sig, pf.Port, pf.Notified
 	}
-	if r := b.Saved.Reg; r != nil && r.PublicKey == b.Key.PublicKey().String() && p.regionAllows(r.Region) {
+	if r := b.Saved.Reg; r != nil && r.PublicKey == b.Key.PublicKey().String() && p.regionAllows(r.Region) && p.adoptable(r) {
 		// Re-adopt: the device runs with this registration (or will, once
 		// configured); the handshake says whether it is alive.
 		p.reg, p.needReg, p.phase = r, false, PhaseConfiguring
 		p.log.Info("re-adopting the saved registration", "server", r.Server.CN, "peer_ip", r.PeerIP, "since", r.At)
 	}
 	return p
+}
+
+// adoptable reports whether a saved registration may run the device: its
+// fields as addKey's answer must be, and no address of the node's.
+func (p *Provider) adoptable(r *Registration) bool {
+	if err := r.check(); err != nil {
+		p.log.Warn("not re-adopting the saved registration", "err", err)
+		return false
+	}
+	if msg := r.clash(p.cfg.Reserved); msg != "" {
+		p.log.Warn("not re-adopting the saved registration: its "+msg, "server", r.Server.CN)
+		return false
+	}
+	return true
+}
+
+// SetReserved sets the prefixes the node has or its config names (read
+// again with the config). A running registration that now clashes with
+// one is given up at once: the device loses its peer and address, the kill
+// switch holds, and a new registration is sought. It reports whether the
+// device's desired state changed.
+func (p *Provider) SetReserved(reserved []netip.Prefix) bool {
+	p.cfg.Reserved = reserved
+	if p.reg == nil {
+		return false
+	}
+	msg := p.reg.clash(reserved)
+	if msg == "" {
+		return false
+	}
+	p.fail(p.now(), "the registration's "+msg+"; registering again", true)
+	p.reg, p.healthy, p.configured = nil, false, time.Time{}
+	p.save()
+	return true
 }
 
 // regionAllows reports whether a registration in region id fits the config.
@@ -741,6 +780,9 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			p.fail(now, r.err.Error(), false)
 			return false
 		}
+		if r.l.Dropped > 0 {
+			p.log.Warn("server list: entries not used (a cn that is not a host name, an IP that is not unicast IPv4, a region id that is not a plain name)", "dropped", r.l.Dropped)
+		}
 		p.list, p.listAt, p.listErr = r.l, now, ""
 		if err := p.cfg.Store.SaveList(p.cfg.API.ListURL, r.l); err != nil {
 			p.log.Warn("caching the server list", "err", err)
@@ -773,6 +815,11 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			p.log.Info("region chosen by latency", "region", r.r.ID, "latency", r.lat)
 		}
 	case addKeyResult:
+		if r.err == nil {
+			if msg := r.reg.clash(p.cfg.Reserved); msg != "" {
+				r.err = fmt.Errorf("addKey at %s: the answer's %s; refused", r.reg.Server.CN, msg)
+			}
+		}
 		switch {
 		case r.err == nil:
 			p.count("registration", "ok")

@@ -40,9 +40,17 @@ func StoreAt(stateDir string) Store {
 	return Store{Dir: filepath.Join(stateDir, "pia")}
 }
 
+// MaxStateSize bounds a device's state file: what Save writes, and what
+// Load reads back. One cap for both, so a state that was written can
+// always be read at the next start. (What goes in is bounded well below
+// it: a token of 1 KiB at most, a payload and a signature of 2 KiB each,
+// at most MaxDNSServers resolvers, a cn and a region id of a few dozen
+// characters.)
+const MaxStateSize = 64 << 10
+
 // stateRules are how state files are read: regular, not a link, root's,
 // private and small.
-var stateRules = fsafe.Rules{MaxSize: 64 << 10, Private: true, RootOwned: true}
+var stateRules = fsafe.Rules{MaxSize: MaxStateSize, Private: true, RootOwned: true}
 
 // Saved is what a provider persists.
 type Saved struct {
@@ -107,14 +115,28 @@ func (s Store) Load(dev string) (Saved, error) {
 		return Saved{}, fmt.Errorf("%s: not a state file of this version", s.path(dev, ".json"))
 	}
 	v := Saved{Token: Secret(f.Token), TokenAt: f.TokenAt, Reg: f.Registration}
+	var errs []error
+	if r := v.Reg; r != nil {
+		// As checked as addKey's answer was: a cn that is not a host name
+		// would carry the token into errors, an address that is not
+		// unicast would become the device's.
+		if err := r.check(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: the saved registration is not used: %w", s.path(dev, ".json"), err))
+			v.Reg = nil
+		}
+	}
 	if pf := f.PortForward; pf != nil {
 		v.PF = &SavedPF{Port: pf.Port, Notified: pf.Notified}
-		if pf.Payload != "" {
+		switch {
+		case pf.Payload == "":
+		case !ValidCN(pf.Server):
+			errs = append(errs, fmt.Errorf("%s: the saved port-forwarding signature is not used: its server's cn is not a host name", s.path(dev, ".json")))
+		default:
 			v.PF.Sig = &Signature{Payload: Secret(pf.Payload), Signature: Secret(pf.Signature), Port: pf.SigPort,
 				Expires: pf.Expires, Server: pf.Server, At: pf.At}
 		}
 	}
-	return v, nil
+	return v, errors.Join(errs...)
 }
 
 // Save writes dev's state.
@@ -134,7 +156,13 @@ func (s Store) Save(dev string, v Saved) error {
 	if err != nil {
 		return err
 	}
-	return fsafe.WriteFile(s.path(dev, ".json"), append(b, '\n'), 0o600)
+	b = append(b, '\n')
+	if len(b) > MaxStateSize {
+		// Written, it could not be read back: the next start would lose
+		// the registration and the port. The file keeps what it held.
+		return fmt.Errorf("%s: the state is %d bytes, over the %d a start reads back; not written", s.path(dev, ".json"), len(b), MaxStateSize)
+	}
+	return fsafe.WriteFile(s.path(dev, ".json"), b, 0o600)
 }
 
 // Forget removes dev's registration and token (teardown: the device is
