@@ -43,6 +43,8 @@ func pfLab(t *testing.T, opts piastub.Options) (*piastub.Lab, string) {
 var fastPF = func() pia.Timers {
 	t := fastPIA
 	t.BindEvery, t.BindRetry = time.Second, time.Second
+	// Binds every second are 60 requests a minute: over the default budget.
+	t.MaxRequests = 600
 	return t
 }()
 

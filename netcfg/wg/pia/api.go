@@ -105,14 +105,17 @@ type API struct {
 	ListKey  *rsa.PublicKey
 	ListURL  string
 	TokenURL string
+	// budget, when set, bounds the requests sent (a provider's own copy
+	// of the API has one: see Timers.MaxRequests).
+	budget *budget
 }
 
 func (a *API) web() *http.Client {
-	return httpClient(&tls.Config{RootCAs: a.WebRoots, MinVersion: tls.VersionTLS12}, a.Dial, "", apiTimeout)
+	return httpClient(&tls.Config{RootCAs: a.WebRoots, MinVersion: tls.VersionTLS12}, a.Dial, "", apiTimeout, a.budget)
 }
 
 func (a *API) server(s Server, port int) *http.Client {
-	return httpClient(pinned(a.Roots, s.CN), a.Dial, net.JoinHostPort(s.IP, strconv.Itoa(port)), apiTimeout)
+	return httpClient(pinned(a.Roots, s.CN), a.Dial, net.JoinHostPort(s.IP, strconv.Itoa(port)), apiTimeout, a.budget)
 }
 
 // newRequest is http.NewRequestWithContext whose error never quotes the
@@ -160,6 +163,9 @@ func (a *API) Token(ctx context.Context, c Creds, meta []Server, metaPort int) (
 		}
 		var se *StatusError
 		if errors.As(err, &se) && (se.Credentials() || se.Status == http.StatusTooManyRequests) {
+			return "", err
+		}
+		if _, ok := budgetOf(err); ok {
 			return "", err
 		}
 		errs = append(errs, err)

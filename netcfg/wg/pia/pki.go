@@ -136,8 +136,9 @@ type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 // dial, to the address at (host:port) whatever the URL says when at is
 // set: PIA's servers are reached by IP, with their cn as the TLS name.
 // Every call is bounded by timeout; nothing is kept alive, redirects are
-// refused, and no proxy is used.
-func httpClient(tc *tls.Config, dial DialFunc, at string, timeout time.Duration) *http.Client {
+// refused, and no proxy is used. With b, a request is sent only when b
+// has room for it.
+func httpClient(tc *tls.Config, dial DialFunc, at string, timeout time.Duration, b *budget) *http.Client {
 	tr := &http.Transport{
 		TLSClientConfig:        tc,
 		TLSHandshakeTimeout:    timeout,
@@ -151,7 +152,11 @@ func httpClient(tc *tls.Config, dial DialFunc, at string, timeout time.Duration)
 			return dial(ctx, network, addr)
 		},
 	}
-	return &http.Client{Transport: tr, Timeout: timeout, CheckRedirect: func(*http.Request, []*http.Request) error {
+	var rt http.RoundTripper = tr
+	if b != nil {
+		rt = gated{tr, b}
+	}
+	return &http.Client{Transport: rt, Timeout: timeout, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return errors.New("PIA's API does not redirect; refusing to follow")
 	}}
 }

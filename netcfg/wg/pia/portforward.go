@@ -38,7 +38,7 @@ type Signature struct {
 var ErrPortBusy = errors.New("bindPort: the port is busy on this server (HTTP 409); moving to another server")
 
 func (a *API) pf(dial DialFunc, cn string, vip netip.Addr) *http.Client {
-	return httpClient(pinned(a.Roots, cn), dial, netip.AddrPortFrom(vip, PFPort).String(), apiTimeout)
+	return httpClient(pinned(a.Roots, cn), dial, netip.AddrPortFrom(vip, PFPort).String(), apiTimeout, a.budget)
 }
 
 // maxSigField bounds a payload and a signature (PIA's are a few hundred
@@ -161,6 +161,10 @@ func (p *Provider) stepPF(ctx context.Context, now time.Time) {
 	if p.pfBusy || now.Before(p.pfAt) {
 		return
 	}
+	if free := p.budget.free(now); free.After(now) {
+		p.pfAt = free
+		return
+	}
 	p.pfBusy = true
 	api, cn, vip, dial := p.cfg.API, p.reg.Server.CN, p.reg.ServerVIP, p.cfg.Host.DialDevice(p.cfg.Device)
 	// Renewed when close to its end, but not more often than it is bound:
@@ -183,6 +187,19 @@ func (p *Provider) stepPF(ctx context.Context, now time.Time) {
 // desired state changed (a new port to forward, or a server to leave).
 func (p *Provider) handlePF(res any) bool {
 	now := p.now()
+	var err error
+	switch r := res.(type) {
+	case sigResult:
+		err = r.err
+	case bindResult:
+		err = r.err
+	}
+	if be, ok := budgetOf(err); ok {
+		// Not sent: tried again once the budget has room, and no failure
+		// (a bind refused so keeps its one retry with a new signature).
+		p.pfAt = be.Until
+		return false
+	}
 	switch r := res.(type) {
 	case sigResult:
 		if r.err != nil {

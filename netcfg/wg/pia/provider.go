@@ -76,6 +76,13 @@ type Timers struct {
 	// DNSEvery is how often PIA's resolvers are probed for the one DNS is
 	// sent to (5m).
 	DNSEvery time.Duration
+	// MaxRequests is the most HTTP requests a provider sends to PIA
+	// (token, list, addKey, getSignature, bindPort, all counted together)
+	// within any RequestWindow, whatever PIA's answers ask (30 in 1m).
+	// Normal operation sends a handful an hour; a faulty or hostile answer
+	// (a Retry-After of 0, an instant 500) no longer makes a storm.
+	MaxRequests   int
+	RequestWindow time.Duration
 }
 
 func (t Timers) withDefaults() Timers {
@@ -98,6 +105,10 @@ func (t Timers) withDefaults() Timers {
 	def(&t.BindRetry, 5*time.Second)
 	def(&t.RenewBefore, 7*24*time.Hour)
 	def(&t.DNSEvery, 5*time.Minute)
+	def(&t.RequestWindow, time.Minute)
+	if t.MaxRequests <= 0 {
+		t.MaxRequests = 30
+	}
 	if t.ProbeFailures <= 0 {
 		t.ProbeFailures = 3
 	}
@@ -256,6 +267,11 @@ type Provider struct {
 	lastErr  string
 	errAt    time.Time
 	now      func() time.Time
+	// budget bounds the requests to PIA (Timers.MaxRequests); the
+	// provider's copy of the API sends through it. budgetSaid: the
+	// refusal was logged.
+	budget     *budget
+	budgetSaid bool
 }
 
 // New returns a provider for cfg, starting from b. Its calls' results go
@@ -266,6 +282,12 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 	}
 	p := &Provider{cfg: cfg, t: cfg.Timers.withDefaults(), log: log.With("subsystem", "pia", "device", cfg.Device),
 		events: events, key: b.Key, fails: map[string]int{}, now: time.Now, phase: PhaseToken, needReg: true}
+	p.budget = newBudget(p.t.MaxRequests, p.t.RequestWindow, func() time.Time { return p.now() })
+	if cfg.API != nil {
+		api := *cfg.API
+		api.budget = p.budget
+		p.cfg.API = &api
+	}
 	if b.Err != nil {
 		p.log.Warn("starting without some saved state", "err", b.Err)
 	}
@@ -426,23 +448,51 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 	case p.list == nil || now.Sub(p.listAt) > p.t.ListRefresh && (p.needReg || p.healthy):
 		// The list first: its meta servers give a token without DNS
 		// (PIA.md §1), and the region's servers come from it.
+		if !p.room(now) {
+			return false
+		}
 		if p.needReg || p.reg == nil {
 			p.phase = PhaseList
 		}
 		p.startList(ctx)
 	case p.token == "" || (p.reg == nil || p.needReg) && now.Sub(p.tokenAt) > p.t.TokenRefresh:
+		if !p.room(now) {
+			return false
+		}
 		p.phase = PhaseToken
 		p.startToken(ctx)
 	case p.needReg && p.region == nil:
 		p.phase = PhaseServer
 		p.startRegion(ctx)
 	case p.needReg:
+		if !p.room(now) {
+			return false
+		}
 		p.phase = PhaseAddKey
 		p.startAddKey(ctx)
 	case p.healthy && now.Sub(p.tokenAt) > p.t.TokenRefresh:
 		// A fresh token for the next registration (and port forwarding);
 		// the tunnel is left alone.
+		if !p.room(now) {
+			return false
+		}
 		p.startToken(ctx)
+	}
+	return false
+}
+
+// room reports whether the budget lets a request to PIA go now; when it
+// does not, the main calls wait until it does.
+func (p *Provider) room(now time.Time) bool {
+	free := p.budget.free(now)
+	if !free.After(now) {
+		p.budgetSaid = false
+		return true
+	}
+	p.retryAt = free
+	if !p.budgetSaid {
+		p.budgetSaid = true
+		p.log.Warn("tunnel: the budget of requests to PIA is spent; waiting", "requests", p.t.MaxRequests, "window", p.t.RequestWindow, "until", free)
 	}
 	return false
 }
@@ -486,28 +536,32 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 		p.fail(now, fmt.Sprintf("%d probes of %s (server_vip) through the tunnel went unanswered", p.probeFails, p.reg.ServerVIP), true)
 		return true
 	}
-	p.phase, p.healthy = PhaseHealthy, true
-	if p.backoffN > 0 {
+	if !p.healthy {
+		// Up (again): the failures that led here are forgotten.
 		p.backoffN = 0
 		p.fails = map[string]int{}
 		p.tried = 0
 	}
+	p.phase, p.healthy = PhaseHealthy, true
 	if !p.probing && now.Sub(p.rxAt) >= p.t.RxStall && now.Sub(p.probeAt) >= p.t.ProbeEvery {
 		p.startProbe(ctx)
 	}
 	return false
 }
 
-// fail records a failed step and when to retry. A server fault counts
-// against the current server; enough of them move to the next.
+// fail records a failed step and when to retry. A server fault gives up
+// the registration and counts against the current server; enough of them
+// move to the next. Any other failure (a token refresh while the tunnel
+// is up) leaves the tunnel's health alone: it is retried with backoff, not
+// at once, so it cannot become a loop.
 func (p *Provider) fail(now time.Time, reason string, serverFault bool) {
 	if p.lastErr != reason {
 		p.log.Warn("tunnel: "+reason, "phase", string(p.phase))
 	}
 	p.lastErr, p.errAt = reason, now
-	wasHealthy := p.healthy
-	p.healthy = false
+	wasHealthy := p.healthy && serverFault
 	if serverFault {
+		p.healthy = false
 		p.needReg, p.configured, p.probeFails = true, time.Time{}, 0
 		if s, ok := p.server(); ok {
 			p.fails[s.CN]++
@@ -735,9 +789,51 @@ func (p *Provider) lastObs() Observation {
 	return Observation{Exists: !p.configured.IsZero(), HasPeer: !p.configured.IsZero(), LastHandshake: p.handshake, RxBytes: p.rx}
 }
 
+// refused takes a call that the budget did not let through: it is tried
+// again once there is room, and counts as no failure (nothing was asked).
+func (p *Provider) refused(err error) bool {
+	be, ok := budgetOf(err)
+	if !ok {
+		return false
+	}
+	if be.Until.After(p.retryAt) {
+		p.retryAt = be.Until
+	}
+	if !p.budgetSaid {
+		p.budgetSaid = true
+		p.log.Warn("tunnel: "+be.Error(), "phase", string(p.phase))
+	}
+	return true
+}
+
+// resultErr is the error a main call's result carries.
+func resultErr(res any) error {
+	switch r := res.(type) {
+	case tokenResult:
+		return r.err
+	case listResult:
+		return r.err
+	case regionResult:
+		return r.err
+	case addKeyResult:
+		return r.err
+	}
+	return nil
+}
+
+// waitAtLeast puts the retry no sooner than d from now.
+func (p *Provider) waitAtLeast(now time.Time, d time.Duration) {
+	if t := now.Add(d); t.After(p.retryAt) {
+		p.retryAt = t
+	}
+}
+
 func (p *Provider) handle(ctx context.Context, res any) bool {
 	p.seq = 0
 	now := p.now()
+	if p.refused(resultErr(res)) {
+		return false
+	}
 	switch r := res.(type) {
 	case tokenResult:
 		var se *StatusError
@@ -745,6 +841,9 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 		case r.err == nil:
 			refreshed := p.token != ""
 			p.token, p.tokenAt = r.tok, now
+			if p.healthy {
+				p.backoffN = 0
+			}
 			p.save()
 			if refreshed {
 				p.count("token", "refreshed")
@@ -757,9 +856,11 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			p.fail(now, r.err.Error(), false)
 			p.retryAt = now.Add(p.backoff(p.t.CredentialsBackoff))
 		case errors.As(r.err, &se) && se.Status == http.StatusTooManyRequests:
+			// The longer of what PIA asks and our own backoff: a
+			// Retry-After of 0 is no reason to ask again at once.
 			p.count("token", "error")
 			p.fail(now, r.err.Error(), false)
-			p.retryAt = now.Add(se.RetryAfter)
+			p.waitAtLeast(now, se.RetryAfter)
 		default:
 			p.count("token", "error")
 			p.fail(now, "token: "+r.err.Error(), false)
