@@ -226,12 +226,19 @@ type Provider struct {
 	token   Secret
 	tokenAt time.Time
 	list    *List
-	listAt  time.Time
-	listErr string // why the last fetch failed while a cached list is used
-	region  *Region
-	cur     int // the server of the region tried next
-	fails   map[string]int
-	tried   int // servers given up on since the list was last fetched
+	listAt  time.Time // when the list in use was fetched (or cached)
+	listErr string    // why the last fetch failed while a cached list is used
+	// listWant: fetch the list before its refresh period is up (every
+	// server of the region failed; the region is not in it). listFails
+	// are the failed fetches since the last good one, while a cached list
+	// serves; listRetryAt is when the next may go.
+	listWant    bool
+	listFails   int
+	listRetryAt time.Time
+	region      *Region
+	cur         int // the server of the region tried next
+	fails       map[string]int
+	tried       int // servers given up on since the list was last fetched
 
 	reg        *Registration
 	needReg    bool      // the registration is dead or missing: register
@@ -445,7 +452,7 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 		return false
 	}
 	switch {
-	case p.list == nil || now.Sub(p.listAt) > p.t.ListRefresh && (p.needReg || p.healthy):
+	case p.listDue(now):
 		// The list first: its meta servers give a token without DNS
 		// (PIA.md §1), and the region's servers come from it.
 		if !p.room(now) {
@@ -479,6 +486,20 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 		p.startToken(ctx)
 	}
 	return false
+}
+
+// listDue reports whether the server list is to be fetched now: there is
+// none, one is wanted, or the one in use is past its refresh period while
+// it matters (a registration is sought, or the tunnel is up and can take
+// the time); never before a failed fetch's backoff is over.
+func (p *Provider) listDue(now time.Time) bool {
+	if p.list == nil {
+		return true
+	}
+	if now.Before(p.listRetryAt) {
+		return false
+	}
+	return p.listWant || now.Sub(p.listAt) > p.t.ListRefresh && (p.needReg || p.healthy)
 }
 
 // room reports whether the budget lets a request to PIA go now; when it
@@ -613,7 +634,7 @@ func (p *Provider) nextServer(now time.Time, s Server) {
 	if p.tried >= n {
 		p.log.Warn("tunnel: every server of the region failed; fetching the server list again", "region", p.region.ID, "servers", n)
 		p.tried = 0
-		p.listAt = time.Time{}
+		p.listWant = true
 		p.region = nil
 		return
 	}
@@ -828,6 +849,20 @@ func (p *Provider) waitAtLeast(now time.Time, d time.Duration) {
 	}
 }
 
+// listBackoff is the wait after the n-th failed fetch of the list while a
+// cached one serves: 30 BackoffMin doubling, up to the list's refresh
+// period (and never under the first step).
+func (p *Provider) listBackoff() time.Duration {
+	first := 30 * p.t.BackoffMin
+	ceil := max(p.t.ListRefresh, first)
+	d := first
+	for i := 1; i < p.listFails && d < ceil; i++ {
+		d *= 2
+	}
+	d = min(d, ceil)
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
 func (p *Provider) handle(ctx context.Context, res any) bool {
 	p.seq = 0
 	now := p.now()
@@ -868,14 +903,16 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 	case listResult:
 		if r.err != nil {
 			if p.list != nil {
+				// The cached list serves meanwhile; the fetch is tried
+				// again with its own backoff, which a healthy tunnel does
+				// not reset. listAt stays the date of the list in use.
+				p.listFails++
+				p.listRetryAt = now.Add(p.listBackoff())
 				msg := fmt.Sprintf("%v; using the cached list of %s", r.err, p.listAt.UTC().Format(time.RFC3339))
 				if p.listErr != msg {
-					p.log.Warn("server list refused or unreachable; keeping the cached one", "err", r.err, "cached", p.listAt)
+					p.log.Warn("server list refused or unreachable; keeping the cached one", "err", r.err, "cached", p.listAt, "retry_at", p.listRetryAt)
 				}
 				p.listErr = msg
-				// Not fetched again until the next refresh period: the
-				// cached list serves meanwhile.
-				p.listAt = now.Add(-p.t.ListRefresh + p.backoff(p.t.BackoffMin*30))
 				return false
 			}
 			p.fail(now, r.err.Error(), false)
@@ -885,6 +922,7 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			p.log.Warn("server list: entries not used (a cn that is not a host name, an IP that is not unicast IPv4, a region id that is not a plain name)", "dropped", r.l.Dropped)
 		}
 		p.list, p.listAt, p.listErr = r.l, now, ""
+		p.listWant, p.listFails, p.listRetryAt = false, 0, time.Time{}
 		if err := p.cfg.Store.SaveList(p.cfg.API.ListURL, r.l); err != nil {
 			p.log.Warn("caching the server list", "err", err)
 		}
@@ -899,7 +937,7 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			p.fail(now, r.err.Error(), false)
 			if p.cfg.Region != "auto" {
 				// A fresh list may know the region.
-				p.listAt = time.Time{}
+				p.listWant = true
 			}
 			return false
 		}
@@ -1006,6 +1044,9 @@ func (p *Provider) Status() Status {
 	switch {
 	case p.listErr != "":
 		s.List = p.listErr
+		if !p.listRetryAt.IsZero() {
+			s.List += "; next try " + p.listRetryAt.UTC().Format(time.RFC3339)
+		}
 	case p.list != nil:
 		s.List = "fetched " + p.listAt.UTC().Format(time.RFC3339)
 	}
