@@ -66,6 +66,11 @@ type piaTunnel struct {
 // anchors, key, saved registration, cached server list.
 func readPIA(c *config.Config, o Options, h *host.Host, timers pia.Timers) map[string]piaSetup {
 	out := map[string]piaSetup{}
+	var node map[string][]netip.Prefix
+	var nodeErr error
+	if slices.ContainsFunc(c.WireGuard, func(w config.WireGuard) bool { return w.PIA != nil }) {
+		node, nodeErr = nodePrefixes(h)
+	}
 	for _, w := range c.WireGuard {
 		if w.PIA == nil {
 			continue
@@ -79,7 +84,11 @@ func readPIA(c *config.Config, o Options, h *host.Host, timers pia.Timers) map[s
 		}
 		s.cfg, s.err = piaConfig(w, o, h, timers)
 		if s.err == nil {
+			s.cfg.Reserved = reservedPrefixes(c, w.Name, node)
 			s.boot = pia.ReadBoot(s.cfg)
+			if nodeErr != nil {
+				s.boot.Err = errors.Join(s.boot.Err, fmt.Errorf("the node's addresses (only the config's prefixes are kept from PIA's addresses): %w", nodeErr))
+			}
 		}
 		out[w.Name] = s
 	}
@@ -136,6 +145,9 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 	}
 	for name, s := range setups {
 		if t, ok := d.pia[name]; ok && t.id == s.id && t.err == nil && s.err == nil {
+			// The node's prefixes may have moved; a registration that
+			// now takes one of them is given up.
+			t.p.SetReserved(s.cfg.Reserved)
 			continue
 		}
 		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns}
