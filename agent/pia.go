@@ -182,6 +182,11 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 		case !ok:
 		case t.err != nil:
 			des.WG.Devices[i].Broken = "pia: " + t.err.Error()
+			// No provider, no tunnel: DNS is redirected all the same, to
+			// PIA's default resolver, where the kill switch holds it
+			// back. Without the redirect the VLAN's DNS to the node
+			// would be answered by the node's own resolver.
+			des.Nft = t.firewall(dev.Name, des.Nft, 0, pia.DefaultDNS)
 		default:
 			des.WG.Devices[i] = t.p.Device(dev)
 			des.Nft = t.firewall(dev.Name, des.Nft, t.p.Port(), t.p.DNS())
@@ -562,7 +567,7 @@ func planPIA(c *config.Config, des netcfg.Desired, o Options) netcfg.Desired {
 			reg = nil
 		}
 		// The firewall as the daemon would have it from the saved state:
-		// the saved port forwarded, DNS to the saved resolver.
+		// the saved port forwarded.
 		t := &piaTunnel{pf: w.PIA.PortForward}
 		t.to, _ = netip.ParseAddr(w.PIA.PortForward.To)
 		for _, f := range w.PIA.DNS.For {
@@ -570,14 +575,13 @@ func planPIA(c *config.Config, des netcfg.Desired, o Options) netcfg.Desired {
 				t.dns = append(t.dns, p.Masked())
 			}
 		}
-		port, dns := 0, pia.DefaultDNS
+		port := 0
 		if saved.PF != nil && w.PIA.PortForward.Enabled {
 			port = saved.PF.Port
 		}
-		if reg != nil && len(reg.DNS) > 0 {
-			dns = reg.DNS[0]
-		}
-		des.Nft = t.firewall(dev.Name, des.Nft, port, dns)
+		// DNS as a daemon starting now has it: PIA's default resolver
+		// until one of the registration's answers through the tunnel.
+		des.Nft = t.firewall(dev.Name, des.Nft, port, pia.DefaultDNS)
 		if key.IsZero() {
 			if w.PrivateKeyFile == "" {
 				des.WG.Devices[i].Broken = "created and registered with PIA by nodeagent run (no key saved yet)"
