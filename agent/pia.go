@@ -58,9 +58,14 @@ type piaTunnel struct {
 	dns []netip.Prefix
 	// hooking: onChange runs now (for the port it was started with).
 	hooking bool
-	// written is the port the port file holds (0: no file).
+	// written is the port the port file holds (0: no file; portUnknown:
+	// not known, a file of an earlier run may be there).
 	written int
 }
+
+// portUnknown is piaTunnel.written before the port file was first written
+// or removed by this daemon.
+const portUnknown = -1
 
 // readPIA reads what each PIA device's provider starts from: trust
 // anchors, key, saved registration, cached server list.
@@ -143,6 +148,10 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 			delete(d.pia, name)
 		}
 	}
+	// Port files of devices that are not PIA devices any more (removed
+	// while the daemon ran, or before it started): a reader would take a
+	// port that no longer reaches anything.
+	d.removeStalePortFiles(setups)
 	for name, s := range setups {
 		if t, ok := d.pia[name]; ok && t.id == s.id && t.err == nil && s.err == nil {
 			// The node's prefixes may have moved; a registration that
@@ -150,7 +159,7 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 			t.p.SetReserved(s.cfg.Reserved)
 			continue
 		}
-		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns}
+		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns, written: portUnknown}
 		if old, ok := d.pia[name]; ok {
 			t.written = old.written
 		}
@@ -330,20 +339,21 @@ func (d *Daemon) portDir() string {
 }
 
 // publishPort keeps the port's file and metric current and runs onChange
-// once for each new port.
+// once for each new port. The file holds the forwarded port while there
+// is one; without one (port forwarding off, no provider) there is no file.
 func (d *Daemon) publishPort(name string, t *piaTunnel) {
-	if t.p == nil {
-		return
-	}
-	port := t.p.Port()
-	if t.pf.Enabled {
+	port := 0
+	if t.p != nil && t.pf.Enabled {
+		port = t.p.Port()
 		// 0 while none is bound: an alert can tell "port forwarding on,
 		// no port" from a device that never forwards one.
 		d.metrics.SetForwardedPort(name, port)
 	}
-	if dir := d.portDir(); dir != "" && port != 0 && port != t.written {
-		err := os.MkdirAll(dir, 0o755)
-		if err == nil {
+	if dir := d.portDir(); dir != "" && port != t.written {
+		var err error
+		if port == 0 {
+			err = removePortFile(dir, name)
+		} else if err = os.MkdirAll(dir, 0o755); err == nil {
 			err = fsafe.WriteFile(filepath.Join(dir, name+".port"), []byte(strconv.Itoa(port)+"\n"), 0o644)
 		}
 		if err != nil {
@@ -352,7 +362,7 @@ func (d *Daemon) publishPort(name string, t *piaTunnel) {
 			t.written = port
 		}
 	}
-	if port == 0 || port == t.p.Notified() || t.hooking {
+	if t.p == nil || port == 0 || port == t.p.Notified() || t.hooking {
 		return
 	}
 	if len(t.pf.OnChange) == 0 {
@@ -380,6 +390,33 @@ func removePortFile(dir, dev string) error {
 		return nil
 	}
 	return err
+}
+
+// removeStalePortFiles removes the port files of devices that are not in
+// setups (the PIA devices of the config just loaded).
+func (d *Daemon) removeStalePortFiles(setups map[string]piaSetup) {
+	dir := d.portDir()
+	if dir == "" {
+		return
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), portFileExt)
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if _, ok := setups[name]; ok {
+			continue
+		}
+		if err := removePortFile(dir, name); err != nil {
+			d.log.Warn("removing the port file of a device that is gone", "device", name, "err", err)
+		} else {
+			d.log.Info("removed the port file of a device that is no PIA device now", "device", name)
+		}
+	}
 }
 
 // RemovePortFiles removes every port file in dir (teardown: no device
