@@ -118,7 +118,7 @@ func TestPIAKillNineAndRestart(t *testing.T) {
 
 	cmd.Process.Signal(syscall.SIGTERM)
 	cmd.Wait()
-	out := l.Node.Exec(t, bin, "teardown", "--state-dir", l.StateDir)
+	out := l.Node.Exec(t, bin, "teardown", "--state-dir", l.StateDir, "--socket", socket)
 	// (A userspace device ended with the daemon that ran it.)
 	if kernel && !strings.Contains(out, "- wireguard "+l.Dev) || index() != -1 {
 		t.Errorf("teardown did not remove the device:\n%s", out)
