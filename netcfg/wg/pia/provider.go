@@ -243,7 +243,21 @@ type Provider struct {
 	reg        *Registration
 	needReg    bool      // the registration is dead or missing: register
 	configured time.Time // when the device was first seen with reg's peer
-	handshake  time.Time // the last handshake seen
+	handshake  time.Time // the last handshake seen (the kernel's wall clock)
+	// hsBase is the peer's handshake when the device was first seen with
+	// reg's peer: a registration that left the peer as it was keeps its
+	// session, and only a handshake other than this one is new. hsSeen is
+	// when (on this process's monotonic clock) the handshake last changed:
+	// its age is measured from that, never from the kernel's wall-clock
+	// stamp, which a step of the clock would age by the step.
+	hsBase time.Time
+	hsSeen time.Time
+	// samePeer: reg left the device's peer as the registration before it
+	// had it (the same server key, endpoint and address).
+	samePeer bool
+	// proven: the path through the tunnel has been proven since reg's
+	// peer was configured, by a new handshake or an answered probe.
+	proven bool
 	rx         int64
 	rxAt       time.Time
 	probeFails int
@@ -527,31 +541,52 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 	}
 	if p.configured.IsZero() {
 		p.configured, p.rx, p.rxAt, p.probeFails = now, obs.RxBytes, now, 0
+		p.hsBase, p.proven = time.Time{}, false
+		if p.samePeer {
+			p.hsBase = obs.LastHandshake
+		}
+		if p.hsSeen.IsZero() || !obs.LastHandshake.Equal(p.handshake) {
+			// The age of a handshake made before we watched is all the
+			// kernel's stamp can tell, bounded so a wrong clock cannot
+			// make it more than stale or less than new.
+			age := min(max(now.Round(0).Sub(obs.LastHandshake), 0), p.t.HandshakeStale/2)
+			p.handshake, p.hsSeen = obs.LastHandshake, now.Add(-age)
+		}
 	}
 	// A handshake proves the round trip; received bytes only postpone
 	// probing (a server whose receive path is dead may still be sending:
 	// retransmissions, its keepalives), so they clear no failed probe.
-	if obs.LastHandshake.After(p.handshake) {
-		p.handshake, p.probeFails = obs.LastHandshake, 0
+	// The kernel's stamp is compared for change, not for order: a step of
+	// the wall clock moves every comparison with it.
+	if !obs.LastHandshake.Equal(p.handshake) {
+		p.handshake, p.hsSeen, p.probeFails = obs.LastHandshake, now, 0
+	}
+	if !obs.LastHandshake.IsZero() && !obs.LastHandshake.Equal(p.hsBase) {
+		p.proven = true
 	}
 	if obs.RxBytes != p.rx {
 		p.rx, p.rxAt = obs.RxBytes, now
 	}
-	// Only a handshake made after the registration proves it: a peer
-	// registered again with the same server keeps its old handshake time.
-	// (A re-adopted registration's device has handshaken since, or it is
-	// as dead as a new one that never did.)
-	seen := obs.LastHandshake.After(p.reg.At)
+	// Only what proves the path since reg's peer was configured counts: a
+	// new handshake, or a probe of server_vip answered through the tunnel.
+	// A registration that left the peer as it was (the same server and
+	// key) keeps WireGuard's session, and makes no handshake until the
+	// session's rekey: demanding one would fail a working tunnel, so the
+	// probes prove it instead.
 	switch {
-	case !seen:
+	case !p.proven:
 		p.phase, p.healthy = PhaseHandshake, false
 		if now.Sub(p.configured) > p.t.HandshakeWait {
-			p.fail(now, fmt.Sprintf("no handshake with %s within %s of configuring the device", p.reg.Server.CN, p.t.HandshakeWait), true)
+			p.fail(now, fmt.Sprintf("no handshake with %s and no probe answered through the tunnel within %s of configuring the device", p.reg.Server.CN, p.t.HandshakeWait), true)
 			return true
 		}
+		if !p.probing && now.Sub(p.probeAt) >= p.t.ProbeEvery {
+			p.startProbe(ctx)
+		}
 		return false
-	case now.Sub(obs.LastHandshake) > p.t.HandshakeStale:
-		p.fail(now, fmt.Sprintf("the last handshake with %s was %s ago", p.reg.Server.CN, now.Sub(obs.LastHandshake).Round(time.Second)), true)
+	case p.handshake.IsZero() && now.Sub(p.configured) > p.t.HandshakeStale,
+		!p.handshake.IsZero() && now.Sub(p.hsSeen) > p.t.HandshakeStale:
+		p.fail(now, fmt.Sprintf("no handshake with %s for over %s", p.reg.Server.CN, p.t.HandshakeStale), true)
 		return true
 	case p.probeFails >= p.t.ProbeFailures:
 		p.fail(now, fmt.Sprintf("%d probes of %s (server_vip) through the tunnel went unanswered", p.probeFails, p.reg.ServerVIP), true)
@@ -793,6 +828,11 @@ func (p *Provider) Handle(ctx context.Context, ev Event) bool {
 			p.log.Debug("probe failed", "n", p.probeFails, "err", r.err)
 		} else if r.err == nil {
 			p.probeFails, p.rxAt = 0, p.now()
+			// Proof for this registration only if the probe went out
+			// after its peer was configured.
+			if p.reg != nil && !p.needReg && !p.configured.IsZero() && !p.probeAt.Before(p.configured) {
+				p.proven = true
+			}
 		}
 		return p.Step(ctx, p.lastObs())
 	}
@@ -963,8 +1003,11 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 		case r.err == nil:
 			p.count("registration", "ok")
 			reg := r.reg
+			p.samePeer = p.reg != nil && p.reg.ServerKey == reg.ServerKey && p.reg.Endpoint() == reg.Endpoint() && p.reg.PeerIP == reg.PeerIP
 			p.reg, p.needReg = &reg, false
-			p.configured, p.handshake, p.healthy = time.Time{}, time.Time{}, false
+			// The handshake and when it was seen are kept: a peer left
+			// as it was keeps its session (watch).
+			p.configured, p.healthy = time.Time{}, false
 			// Port forwarding binds again as soon as the tunnel is up: a
 			// new registration may have lost the port (a new signature if
 			// so), and one on another server needs a new signature anyway.
