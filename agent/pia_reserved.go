@@ -50,17 +50,28 @@ func nodePrefixes(h *host.Host) (map[string][]netip.Prefix, error) {
 }
 
 // reservedPrefixes are the prefixes a registration of the PIA device dev
-// may not take an address from: the node's addresses' prefixes (those on
-// dev itself excepted: its own peer_ip/32), the addresses the config gives
-// its links, the destinations of its routes (but a default route, and a
-// route through dev: PIA's network is reached by it), its rules' prefixes,
-// its firewall's sources and SNAT addresses, the sources of every PIA
-// device's DNS redirect and where ports are forwarded to, and the
-// addresses the node must resolve by ARP. A prefix of length 0 holds every
-// address and is left out.
+// may not take an address from: where an address would be a real clash,
+// not merely inside some network the node knows of.
+//
+//   - The node's own addresses, each exactly (those on dev excepted: its
+//     own peer_ip), and the addresses the config gives its links and other
+//     WireGuard devices, and the ARP-checked ones: PIA's resolver at one of
+//     them sends the VLAN's DNS to that host.
+//   - The destinations dev's kill-switch tables route elsewhere than dev
+//     (the VLAN's subnet by its shim): an address there is reached outside
+//     the tunnel by exactly the traffic the tunnel is for.
+//   - Every PIA device's dns.for sources and portForward.to, and the
+//     kill-switch sources.
+//
+// Not reserved: the node's subnets as such, routes of other tables, rules'
+// prefixes, other peers' allowed IPs. PIA's resolvers (10.0.0.243) and
+// tunnel addresses (10.x) sit inside many a home network (a 10.0.0.0/24
+// LAN, a route or rule for 10.0.0.0/8) without clashing: the kill-switch
+// table sends them into the tunnel whatever the main table says, and
+// refusing them would stop such a node from ever registering.
 func reservedPrefixes(c *config.Config, dev string, node map[string][]netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
-	add := func(s string) {
+	add := func(s string, exact bool) {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			a, err := netip.ParseAddr(s)
@@ -68,6 +79,9 @@ func reservedPrefixes(c *config.Config, dev string, node map[string][]netip.Pref
 				return
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if exact {
+			p = netip.PrefixFrom(p.Addr(), p.Addr().BitLen())
 		}
 		if p.Bits() > 0 {
 			out = append(out, p.Masked())
@@ -78,17 +92,17 @@ func reservedPrefixes(c *config.Config, dev string, node map[string][]netip.Pref
 			continue
 		}
 		for _, p := range ps {
-			add(p.String())
+			add(p.String(), true)
 		}
 	}
 	for _, v := range c.VLANs {
 		for _, a := range v.Addresses {
-			add(a)
+			add(a, true)
 		}
 	}
 	for _, m := range c.Macvlans {
 		for _, a := range m.Addresses {
-			add(a)
+			add(a, true)
 		}
 	}
 	for _, w := range c.WireGuard {
@@ -96,45 +110,35 @@ func reservedPrefixes(c *config.Config, dev string, node map[string][]netip.Pref
 			// Every PIA device's, dev's own included: its VLAN's sources
 			// and the host its port goes to are not PIA's.
 			for _, f := range w.PIA.DNS.For {
-				add(f)
+				add(f, false)
 			}
-			add(w.PIA.PortForward.To)
+			add(w.PIA.PortForward.To, true)
 		}
 		if w.Name == dev {
 			continue
 		}
 		for _, a := range w.Addresses {
-			add(a)
-		}
-		for _, p := range w.Peers {
-			for _, a := range p.AllowedIPs {
-				add(a)
-			}
+			add(a, true)
 		}
 	}
 	for _, t := range c.Routing.Tables {
+		if !t.KillSwitch || !slices.ContainsFunc(t.Routes, func(r config.Route) bool { return r.Dev == dev }) {
+			continue
+		}
 		for _, r := range t.Routes {
 			if r.Dev != dev && r.To != "default" {
-				add(r.To)
+				add(r.To, false)
 			}
 		}
 	}
-	for _, r := range c.Routing.Rules {
-		add(r.From)
-		add(r.To)
-	}
-	for _, m := range c.Firewall.Masquerade {
-		add(m.From)
-	}
 	for _, s := range c.Firewall.SNAT {
-		add(s.From)
-		add(s.To)
+		add(s.To, true)
 	}
 	for _, k := range c.Firewall.KillSwitch {
-		add(k.From)
+		add(k.From, false)
 	}
 	for _, a := range c.Checks.ARPReachable {
-		add(a)
+		add(a, true)
 	}
 	slices.SortFunc(out, func(a, b netip.Prefix) int {
 		if c := a.Addr().Compare(b.Addr()); c != 0 {

@@ -28,7 +28,7 @@ func TestPIAReservedPrefixes(t *testing.T) {
 	setups := readPIA(c, Options{Config: l.Config, StateDir: l.StateDir}, l.Node.Host, fastPIA)
 	got := setups[l.Dev].cfg.Reserved
 	t.Logf("reserved: %v", got)
-	for _, want := range []string{"10.10.50.0/24", "192.0.2.0/24", "fd00:50::/64", "2001:db8:1::/64", "127.0.0.0/8"} {
+	for _, want := range []string{"10.10.50.1/32", "192.0.2.1/32", "fd00:50::1/128", "2001:db8:1::1/128", "127.0.0.1/32", "10.10.50.0/24"} {
 		if !slices.Contains(got, netip.MustParsePrefix(want)) {
 			t.Errorf("%s is not reserved", want)
 		}

@@ -102,12 +102,27 @@ func (r Registration) check() error {
 			return fmt.Errorf("%s is not valid (%s)", f.name, why)
 		}
 	}
+	// The tunnel's own addresses must be distinct: a server_vip or
+	// resolver that is peer_ip is the node itself (a probe answered
+	// locally proves nothing; DNS "to PIA" goes to the node's resolver),
+	// and one that is server_ip is outside the tunnel.
+	if r.ServerVIP == r.PeerIP || r.ServerVIP == r.ServerIP || r.PeerIP == r.ServerIP {
+		return errors.New("server_vip, peer_ip and server_ip are not three addresses")
+	}
+	if r.Server.IP != "" && r.ServerIP.String() != r.Server.IP {
+		// The endpoint is the server of the signed list, as PIA's own
+		// client takes it, never one an answer names.
+		return fmt.Errorf("server_ip %s is not the listed server's %s", r.ServerIP, r.Server.IP)
+	}
 	if len(r.DNS) > MaxDNSServers {
 		return fmt.Errorf("dns_servers lists %d resolvers, over the %d allowed", len(r.DNS), MaxDNSServers)
 	}
 	for _, d := range r.DNS {
 		if why := unicast4(d); why != "" {
 			return fmt.Errorf("dns_servers is not valid (%s: %s)", d, why)
+		}
+		if d == r.PeerIP || d == r.ServerIP {
+			return fmt.Errorf("dns_servers is not valid (%s is the tunnel's own or the server's address)", d)
 		}
 	}
 	return nil

@@ -48,6 +48,9 @@ func TestAddKeyRefusesAddresses(t *testing.T) {
 		tc{"8 resolvers", map[string]any{"dns_servers": many(8)}, ""},
 		tc{"9 resolvers", map[string]any{"dns_servers": many(9)}, "dns_servers lists 9 resolvers, over the 8 allowed"},
 		tc{"4500 resolvers", map[string]any{"dns_servers": many(4500)}, "dns_servers lists 4500 resolvers"},
+		tc{"server_vip is peer_ip", map[string]any{"server_vip": "10.10.0.3"}, "server_vip, peer_ip and server_ip are not three addresses"},
+		tc{"resolver is peer_ip", map[string]any{"dns_servers": []string{"10.10.0.3"}}, "10.10.0.3 is the tunnel's own or the server's address"},
+		tc{"server_ip not the listed one", map[string]any{"server_ip": "192.168.2.50"}, "server_ip 192.168.2.50 is not the listed server's 198.18.1.2"},
 		tc{"good", nil, ""})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
