@@ -257,7 +257,7 @@ type Provider struct {
 	samePeer bool
 	// proven: the path through the tunnel has been proven since reg's
 	// peer was configured, by a new handshake or an answered probe.
-	proven bool
+	proven     bool
 	rx         int64
 	rxAt       time.Time
 	probeFails int
