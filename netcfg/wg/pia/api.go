@@ -108,14 +108,24 @@ type API struct {
 	// budget, when set, bounds the requests sent (a provider's own copy
 	// of the API has one: see Timers.MaxRequests).
 	budget *budget
+	// Now is the wall clock certificates are checked against; nil is
+	// time.Now (a provider's copy uses the provider's clock).
+	Now func() time.Time
+}
+
+func (a *API) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
 }
 
 func (a *API) web() *http.Client {
-	return httpClient(&tls.Config{RootCAs: a.WebRoots, MinVersion: tls.VersionTLS12}, a.Dial, "", apiTimeout, a.budget)
+	return httpClient(&tls.Config{RootCAs: a.WebRoots, MinVersion: tls.VersionTLS12, Time: a.now}, a.Dial, "", apiTimeout, a.budget)
 }
 
 func (a *API) server(s Server, port int) *http.Client {
-	return httpClient(pinned(a.Roots, s.CN), a.Dial, net.JoinHostPort(s.IP, strconv.Itoa(port)), apiTimeout, a.budget)
+	return httpClient(pinned(a.Roots, s.CN, a.now), a.Dial, net.JoinHostPort(s.IP, strconv.Itoa(port)), apiTimeout, a.budget)
 }
 
 // newRequest is http.NewRequestWithContext whose error never quotes the
@@ -163,6 +173,10 @@ func (a *API) Token(ctx context.Context, c Creds, meta []Server, metaPort int) (
 		}
 		var se *StatusError
 		if errors.As(err, &se) && (se.Credentials() || se.Status == http.StatusTooManyRequests) {
+			return "", err
+		}
+		if _, ok := clockErrorOf(err, a.now()); ok {
+			// Every host's certificate is judged by the same clock.
 			return "", err
 		}
 		if _, ok := budgetOf(err); ok {

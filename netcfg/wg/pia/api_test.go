@@ -37,7 +37,7 @@ type testCA struct {
 func newTestCA(t *testing.T) *testCA {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test root"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		NotBefore: testCertFrom, NotAfter: testCertUntil, IsCA: true,
 		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -52,7 +52,7 @@ func newTestCA(t *testing.T) *testCA {
 func (c *testCA) leaf(t *testing.T, cn string, sans []string, ips []net.IP) tls.Certificate {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: sans, IPAddresses: ips,
+		NotBefore: testCertFrom, NotAfter: testCertUntil, DNSNames: sans, IPAddresses: ips,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
 	if err != nil {
@@ -314,3 +314,11 @@ func TestParseCreds(t *testing.T) {
 		}
 	}
 }
+
+// The test certificates' validity: from before the rigs' fake clock (set
+// in 2026) to long after the real one, so that only a test that means to
+// puts a clock outside it.
+var (
+	testCertFrom  = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	testCertUntil = time.Now().AddDate(20, 0, 0)
+)

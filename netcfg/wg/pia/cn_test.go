@@ -174,14 +174,14 @@ func TestPinnedRefusesEmptyCN(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}}
-	if err := pinned(ca.pool, "").VerifyConnection(cs); err == nil {
+	if err := pinned(ca.pool, "", time.Now).VerifyConnection(cs); err == nil {
 		t.Error("an empty cn was accepted against a leaf with an empty subject CN")
 	}
-	if err := pinned(ca.pool, "amsterdam401").VerifyConnection(cs); err == nil {
+	if err := pinned(ca.pool, "amsterdam401", time.Now).VerifyConnection(cs); err == nil {
 		t.Error("a leaf naming nothing was accepted for amsterdam401")
 	}
 	named, _ := x509.ParseCertificate(ca.leaf(t, "amsterdam401", nil, nil).Certificate[0])
-	if err := pinned(ca.pool, "amsterdam401").VerifyConnection(tls.ConnectionState{PeerCertificates: []*x509.Certificate{named}}); err != nil {
+	if err := pinned(ca.pool, "amsterdam401", time.Now).VerifyConnection(tls.ConnectionState{PeerCertificates: []*x509.Certificate{named}}); err != nil {
 		t.Errorf("a CN-only leaf naming the cn: %v", err)
 	}
 }

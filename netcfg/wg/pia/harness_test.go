@@ -30,10 +30,13 @@ import (
 type fakeClock struct {
 	mu sync.Mutex
 	t  time.Time
+	// m is the monotonic side: Add moves both, Step the wall clock alone.
+	m time.Time
 }
 
 func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	return &fakeClock{t: start, m: start}
 }
 
 func (c *fakeClock) Now() time.Time {
@@ -42,7 +45,21 @@ func (c *fakeClock) Now() time.Time {
 	return c.t
 }
 
+// Mono is the monotonic clock's reading, as a time.
+func (c *fakeClock) Mono() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m
+}
+
 func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t, c.m = c.t.Add(d), c.m.Add(d)
+	c.mu.Unlock()
+}
+
+// Step steps the wall clock by d, as NTP does; the monotonic clock stays.
+func (c *fakeClock) Step(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
@@ -155,7 +172,7 @@ func newRig(t *testing.T, o rigOptions, h http.HandlerFunc) *rig {
 	cfg := Config{Device: "wgpia0", Region: "nl", CredentialsFile: cred, API: a, Store: Store{Dir: filepath.Join(dir, "state")},
 		Timers: o.timers, Reserved: o.reserved}
 	p := New(cfg, b, events, nil)
-	p.now = clk.Now
+	p.now, p.mono = clk.Now, clk.Mono
 	return &rig{t: t, p: p, events: events, clk: clk, hits: hs, key: k, ca: ca}
 }
 

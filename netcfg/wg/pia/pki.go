@@ -100,7 +100,7 @@ func LoadListKey(path string) (*rsa.PublicKey, error) {
 // verification no longer accepts). An empty cn names no server: it is
 // refused, as is a leaf's empty subject CN (which would otherwise equal
 // it).
-func pinned(roots *x509.CertPool, cn string) *tls.Config {
+func pinned(roots *x509.CertPool, cn string, now func() time.Time) *tls.Config {
 	return &tls.Config{
 		ServerName:         cn,
 		MinVersion:         tls.VersionTLS12,
@@ -117,7 +117,7 @@ func pinned(roots *x509.CertPool, cn string) *tls.Config {
 			for _, c := range cs.PeerCertificates[1:] {
 				inter.AddCert(c)
 			}
-			if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter}); err != nil {
+			if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now()}); err != nil {
 				return fmt.Errorf("certificate of %s: %w", cn, err)
 			}
 			if leaf.VerifyHostname(cn) == nil || leaf.Subject.CommonName != "" && leaf.Subject.CommonName == cn {

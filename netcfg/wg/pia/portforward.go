@@ -38,7 +38,7 @@ type Signature struct {
 var ErrPortBusy = errors.New("bindPort: the port is busy on this server (HTTP 409); moving to another server")
 
 func (a *API) pf(dial DialFunc, cn string, vip netip.Addr) *http.Client {
-	return httpClient(pinned(a.Roots, cn), dial, netip.AddrPortFrom(vip, PFPort).String(), apiTimeout, a.budget)
+	return httpClient(pinned(a.Roots, cn, a.now), dial, netip.AddrPortFrom(vip, PFPort).String(), apiTimeout, a.budget)
 }
 
 // maxSigField bounds a payload and a signature (PIA's are a few hundred

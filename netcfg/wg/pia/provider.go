@@ -225,9 +225,14 @@ type Provider struct {
 	phase   Phase
 	token   Secret
 	tokenAt time.Time
-	list    *List
-	listAt  time.Time // when the list in use was fetched (or cached)
-	listErr string    // why the last fetch failed while a cached list is used
+	// tokenMono is when this process got the token, on the monotonic
+	// clock: its age, not tokenAt's, says when to refresh it, so a step
+	// of the wall clock neither ages nor rejuvenates it. A token read
+	// from the state file has only tokenAt.
+	tokenMono time.Time
+	list      *List
+	listAt    time.Time // when the list in use was fetched (or cached)
+	listErr   string    // why the last fetch failed while a cached list is used
 	// listWant: fetch the list before its refresh period is up (every
 	// server of the region failed; the region is not in it). listFails
 	// are the failed fetches since the last good one, while a cached list
@@ -288,11 +293,20 @@ type Provider struct {
 	lastErr  string
 	errAt    time.Time
 	now      func() time.Time
+	// mono is the clock intervals of the tunnel's health are measured on:
+	// time.Now, whose readings carry the monotonic clock (Sub uses it).
+	mono func() time.Time
 	// budget bounds the requests to PIA (Timers.MaxRequests); the
 	// provider's copy of the API sends through it. budgetSaid: the
 	// refusal was logged.
 	budget     *budget
 	budgetSaid bool
+
+	// clockBad: the last call failed on a certificate's time alone
+	// (ClockError); the provider waits for the clock to be stepped.
+	// lastWall and lastMono are the clocks at the last Step.
+	clockBad           bool
+	lastWall, lastMono time.Time
 }
 
 // New returns a provider for cfg, starting from b. Its calls' results go
@@ -302,11 +316,12 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p := &Provider{cfg: cfg, t: cfg.Timers.withDefaults(), log: log.With("subsystem", "pia", "device", cfg.Device),
-		events: events, key: b.Key, fails: map[string]int{}, now: time.Now, phase: PhaseToken, needReg: true}
+		events: events, key: b.Key, fails: map[string]int{}, now: time.Now, mono: time.Now, phase: PhaseToken, needReg: true}
 	p.budget = newBudget(p.t.MaxRequests, p.t.RequestWindow, func() time.Time { return p.now() })
 	if cfg.API != nil {
 		api := *cfg.API
 		api.budget = p.budget
+		api.Now = func() time.Time { return p.now() }
 		p.cfg.API = &api
 	}
 	if b.Err != nil {
@@ -442,6 +457,13 @@ func (p *Provider) count(what, result string) {
 // It reports whether the device's desired state changed (a sync is due).
 func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 	now := p.now()
+	if d, ok := p.clockStepped(); ok {
+		p.log.Info("the system clock was stepped", "by", d.Round(time.Second))
+		if p.clockBad {
+			// What waited for the clock goes now.
+			p.clockBad, p.retryAt = false, time.Time{}
+		}
+	}
 	wasHealthy := p.healthy
 	defer func() {
 		if p.healthy != wasHealthy {
@@ -476,7 +498,7 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 			p.phase = PhaseList
 		}
 		p.startList(ctx)
-	case p.token == "" || (p.reg == nil || p.needReg) && now.Sub(p.tokenAt) > p.t.TokenRefresh:
+	case p.token == "" || (p.reg == nil || p.needReg) && p.tokenAge(now) > p.t.TokenRefresh:
 		if !p.room(now) {
 			return false
 		}
@@ -491,7 +513,7 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 		}
 		p.phase = PhaseAddKey
 		p.startAddKey(ctx)
-	case p.healthy && now.Sub(p.tokenAt) > p.t.TokenRefresh:
+	case p.healthy && p.tokenAge(now) > p.t.TokenRefresh:
 		// A fresh token for the next registration (and port forwarding);
 		// the tunnel is left alone.
 		if !p.room(now) {
@@ -539,8 +561,11 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 		p.phase, p.healthy, p.configured = PhaseConfiguring, false, time.Time{}
 		return false
 	}
+	// Intervals are measured on the monotonic clock (m), which a step of
+	// the wall clock does not move.
+	m := p.mono()
 	if p.configured.IsZero() {
-		p.configured, p.rx, p.rxAt, p.probeFails = now, obs.RxBytes, now, 0
+		p.configured, p.rx, p.rxAt, p.probeFails = m, obs.RxBytes, m, 0
 		p.hsBase, p.proven = time.Time{}, false
 		if p.samePeer {
 			p.hsBase = obs.LastHandshake
@@ -550,7 +575,7 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 			// kernel's stamp can tell, bounded so a wrong clock cannot
 			// make it more than stale or less than new.
 			age := min(max(now.Round(0).Sub(obs.LastHandshake), 0), p.t.HandshakeStale/2)
-			p.handshake, p.hsSeen = obs.LastHandshake, now.Add(-age)
+			p.handshake, p.hsSeen = obs.LastHandshake, m.Add(-age)
 		}
 	}
 	// A handshake proves the round trip; received bytes only postpone
@@ -559,13 +584,13 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 	// The kernel's stamp is compared for change, not for order: a step of
 	// the wall clock moves every comparison with it.
 	if !obs.LastHandshake.Equal(p.handshake) {
-		p.handshake, p.hsSeen, p.probeFails = obs.LastHandshake, now, 0
+		p.handshake, p.hsSeen, p.probeFails = obs.LastHandshake, m, 0
 	}
 	if !obs.LastHandshake.IsZero() && !obs.LastHandshake.Equal(p.hsBase) {
 		p.proven = true
 	}
 	if obs.RxBytes != p.rx {
-		p.rx, p.rxAt = obs.RxBytes, now
+		p.rx, p.rxAt = obs.RxBytes, m
 	}
 	// Only what proves the path since reg's peer was configured counts: a
 	// new handshake, or a probe of server_vip answered through the tunnel.
@@ -576,16 +601,16 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 	switch {
 	case !p.proven:
 		p.phase, p.healthy = PhaseHandshake, false
-		if now.Sub(p.configured) > p.t.HandshakeWait {
+		if m.Sub(p.configured) > p.t.HandshakeWait {
 			p.fail(now, fmt.Sprintf("no handshake with %s and no probe answered through the tunnel within %s of configuring the device", p.reg.Server.CN, p.t.HandshakeWait), true)
 			return true
 		}
-		if !p.probing && now.Sub(p.probeAt) >= p.t.ProbeEvery {
+		if !p.probing && m.Sub(p.probeAt) >= p.t.ProbeEvery {
 			p.startProbe(ctx)
 		}
 		return false
-	case p.handshake.IsZero() && now.Sub(p.configured) > p.t.HandshakeStale,
-		!p.handshake.IsZero() && now.Sub(p.hsSeen) > p.t.HandshakeStale:
+	case p.handshake.IsZero() && m.Sub(p.configured) > p.t.HandshakeStale,
+		!p.handshake.IsZero() && m.Sub(p.hsSeen) > p.t.HandshakeStale:
 		p.fail(now, fmt.Sprintf("no handshake with %s for over %s", p.reg.Server.CN, p.t.HandshakeStale), true)
 		return true
 	case p.probeFails >= p.t.ProbeFailures:
@@ -599,7 +624,7 @@ func (p *Provider) watch(ctx context.Context, now time.Time, obs Observation) bo
 		p.tried = 0
 	}
 	p.phase, p.healthy = PhaseHealthy, true
-	if !p.probing && now.Sub(p.rxAt) >= p.t.RxStall && now.Sub(p.probeAt) >= p.t.ProbeEvery {
+	if !p.probing && m.Sub(p.rxAt) >= p.t.RxStall && m.Sub(p.probeAt) >= p.t.ProbeEvery {
 		p.startProbe(ctx)
 	}
 	return false
@@ -802,7 +827,7 @@ func (p *Provider) startAddKey(ctx context.Context) {
 }
 
 func (p *Provider) startProbe(ctx context.Context) {
-	p.probing, p.probeAt = true, p.now()
+	p.probing, p.probeAt = true, p.mono()
 	h, dev, vip, timeout := p.cfg.Host, p.cfg.Device, p.reg.ServerVIP, p.t.ProbeTimeout
 	p.run(ctx, callProbe, 0, 2*timeout, func(context.Context) any { return probeResult{Ping(h, dev, vip, timeout)} })
 }
@@ -827,7 +852,7 @@ func (p *Provider) Handle(ctx context.Context, ev Event) bool {
 			p.probeFails++
 			p.log.Debug("probe failed", "n", p.probeFails, "err", r.err)
 		} else if r.err == nil {
-			p.probeFails, p.rxAt = 0, p.now()
+			p.probeFails, p.rxAt = 0, p.mono()
 			// Proof for this registration only if the probe went out
 			// after its peer was configured.
 			if p.reg != nil && !p.needReg && !p.configured.IsZero() && !p.probeAt.Before(p.configured) {
@@ -865,6 +890,33 @@ func (p *Provider) refused(err error) bool {
 		p.log.Warn("tunnel: "+be.Error(), "phase", string(p.phase))
 	}
 	return true
+}
+
+// tokenAge is the age of the token in use: on the monotonic clock for one
+// this process got, by the wall clock for one read back from the state.
+func (p *Provider) tokenAge(now time.Time) time.Duration {
+	if !p.tokenMono.IsZero() {
+		return p.mono().Sub(p.tokenMono)
+	}
+	return now.Sub(p.tokenAt)
+}
+
+// clockRetry is how long a call refused for the clock waits when no step
+// of the clock is seen (one slewed into place, or a certificate that is
+// really out of date).
+const clockRetry = time.Minute
+
+// waitClock records a call refused for the clock's sake alone: not a
+// fault of the server's, no backoff, status says so, and the call goes
+// again as soon as the clock is stepped (Step), or after clockRetry.
+func (p *Provider) waitClock(now time.Time, ce *ClockError) {
+	msg := ce.Error()
+	if !p.clockBad || p.lastErr != msg {
+		p.log.Warn("tunnel: "+msg, "phase", string(p.phase))
+	}
+	p.clockBad = true
+	p.lastErr, p.errAt = msg, now
+	p.retryAt = now.Add(clockRetry)
 }
 
 // resultErr is the error a main call's result carries.
@@ -909,13 +961,20 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 	if p.refused(resultErr(res)) {
 		return false
 	}
+	if ce, ok := clockErrorOf(resultErr(res), now); ok {
+		p.waitClock(now, ce)
+		return false
+	}
+	if resultErr(res) == nil {
+		p.clockBad = false
+	}
 	switch r := res.(type) {
 	case tokenResult:
 		var se *StatusError
 		switch {
 		case r.err == nil:
 			refreshed := p.token != ""
-			p.token, p.tokenAt = r.tok, now
+			p.token, p.tokenAt, p.tokenMono = r.tok, now, p.mono()
 			if p.healthy {
 				p.backoffN = 0
 			}
