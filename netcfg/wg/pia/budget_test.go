@@ -181,3 +181,32 @@ func TestBudgetRefusalIsNoFailure(t *testing.T) {
 		t.Errorf("after a refused bind: tried %v, failures %d, signature kept %v, next %s (want %s)", p.pfTried, p.pfN, p.sig == sig, p.pfAt, until)
 	}
 }
+
+// TestAddKey429IsNoServerFault: addKey answering 429 (found in review:
+// it was a server fault, so enough of them failed over, and Retry-After
+// was not read) waits the longer of Retry-After and the backoff, and is
+// not counted against the server.
+func TestAddKey429IsNoServerFault(t *testing.T) {
+	r := newRig(t, rigOptions{}, func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/token":
+			fmt.Fprint(w, `{"token":"s3cr3t-t0ken"}`)
+		case "/addKey":
+			w.Header().Set("Retry-After", "30")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	})
+	for range 3 {
+		r.step(Observation{}, 5)
+	}
+	if r.hits.count("/addKey") != 1 {
+		t.Fatalf("%d addKey requests, want 1", r.hits.count("/addKey"))
+	}
+	s := r.p.Status()
+	if wait := s.RetryAt.Sub(r.clk.Now()); wait < 30*time.Second {
+		t.Errorf("retry after %s, want at least Retry-After's 30s", wait)
+	}
+	if len(r.p.fails) != 0 {
+		t.Errorf("a 429 counted against the server: %v", r.p.fails)
+	}
+}

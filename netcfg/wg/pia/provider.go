@@ -1053,6 +1053,7 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			p.log.Info("region chosen by latency", "region", r.r.ID, "latency", r.lat)
 		}
 	case addKeyResult:
+		var se429 *StatusError
 		if r.err == nil {
 			if msg := r.reg.clash(p.cfg.Reserved); msg != "" {
 				r.err = fmt.Errorf("addKey at %s: the answer's %s; refused", r.reg.Server.CN, msg)
@@ -1083,6 +1084,13 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 			if first {
 				p.retryAt = now
 			}
+		case errors.As(r.err, &se429) && se429.Status == http.StatusTooManyRequests:
+			// Too many requests is the account's state, not the
+			// server's fault: no failover, and the longer of what PIA
+			// asks and our own backoff.
+			p.count("registration", "error")
+			p.fail(now, r.err.Error(), false)
+			p.waitAtLeast(now, se429.RetryAfter)
 		default:
 			p.count("registration", "error")
 			p.fail(now, r.err.Error(), true)
