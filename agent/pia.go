@@ -166,6 +166,9 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 		if s.err == nil {
 			cfg := s.cfg
 			cfg.Count = func(what, result string) { d.metrics.PIA(name, what, result) }
+			if old, ok := d.pia[name]; ok && old.p != nil {
+				cfg.Budget = old.p.Budget()
+			}
 			t.p = pia.New(cfg, s.boot, d.piaEv, d.log)
 			d.metrics.StartPIA(name)
 		} else {

@@ -96,3 +96,12 @@ func (g gated) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	return g.rt.RoundTrip(r)
 }
+
+// Budget is a provider's budget of requests to PIA, to hand to the
+// provider that replaces it (Config.Budget): a reload that changes a
+// device's PIA settings makes a new provider, and a fresh budget with it
+// would let reloads, one after another, send more than the cap.
+type Budget struct{ b *budget }
+
+// Budget returns p's budget, for the provider that replaces it.
+func (p *Provider) Budget() Budget { return Budget{p.budget} }

@@ -210,3 +210,24 @@ func TestAddKey429IsNoServerFault(t *testing.T) {
 		t.Errorf("a 429 counted against the server: %v", r.p.fails)
 	}
 }
+
+// TestBudgetOutlivesTheProvider (found in review): a provider made anew
+// for the same device (a reload that changed its PIA settings) takes over
+// the old one's budget, so reloads cannot add up to more than the cap.
+func TestBudgetOutlivesTheProvider(t *testing.T) {
+	r := newRig(t, rigOptions{}, func(w http.ResponseWriter, req *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	for range 40 {
+		if ok, _ := r.p.budget.take(); !ok {
+			break
+		}
+	}
+	next := New(Config{Device: "wgpia0", Budget: r.p.Budget()}, Boot{}, nil, nil)
+	next.now = r.clk.Now
+	if ok, until := next.budget.take(); ok {
+		t.Fatal("the new provider got a fresh budget")
+	} else if until.IsZero() {
+		t.Fatal("no time given for the next request")
+	}
+}

@@ -124,6 +124,9 @@ const Keepalive = 25 * time.Second
 // Config is one PIA device's provider configuration.
 type Config struct {
 	Device string
+	// Budget is the budget of the provider this one replaces (its
+	// Budget()); the zero value starts a new one.
+	Budget Budget
 	// KeyFile is the device's configured private key file; "" means the
 	// store keeps a generated key.
 	KeyFile     string
@@ -318,6 +321,10 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 	p := &Provider{cfg: cfg, t: cfg.Timers.withDefaults(), log: log.With("subsystem", "pia", "device", cfg.Device),
 		events: events, key: b.Key, fails: map[string]int{}, now: time.Now, mono: time.Now, phase: PhaseToken, needReg: true}
 	p.budget = newBudget(p.t.MaxRequests, p.t.RequestWindow, func() time.Time { return p.now() })
+	if old := cfg.Budget.b; old != nil && old.n == p.t.MaxRequests && old.window == p.t.RequestWindow {
+		// The replaced provider's sends still count.
+		p.budget = old
+	}
 	if cfg.API != nil {
 		api := *cfg.API
 		api.budget = p.budget
