@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,24 +35,8 @@ checks: {gatewayARP: false}
 		}
 	}
 	write("")
-	log := &syncBuffer{}
-	d, err := NewDaemon(RunOptions{
-		Options: Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")}, Host: node.Host,
-		Log: newTestLogger(log),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", log.String())
-		}
-	}()
+	r := startDaemon(t, node, cfg, nil)
+	d, log := r.d, r.log
 	armed := func(reason string) func() bool {
 		return func() bool {
 			s := d.Status()
@@ -80,7 +63,7 @@ checks: {gatewayARP: false}
 
 	// Later changes still land, and the note stays in status.
 	write(", {from: 10.10.70.0/24, allowOut: [tun0]}")
-	d.Reload(ctx)
+	d.Reload(t.Context())
 	waitFor(t, "the reload's source in the kernel", 30*time.Second, func() bool {
 		return has(node.Exec(t, "nft", "list", "table", "inet", "nodeagent"), "10.10.70.0/24")
 	})
