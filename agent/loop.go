@@ -369,9 +369,9 @@ func threadCPU() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// converging is the desired state a sync converges to: the config's, with each
-// PIA device as its provider has it.
-func (d *Daemon) converging() netcfg.Desired { return d.withPIA(d.desired) }
+// converging is the desired state a sync converges to: the config's, as
+// the daemon converges it (effective).
+func (d *Daemon) converging() netcfg.Desired { return d.effective(d.desired) }
 
 // request is an API call the loop answers, so that only the loop goroutine
 // ever touches the converger.

@@ -32,9 +32,7 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		// Rolled back: keep the previous state until the config changes.
 		des = *d.lastGood
 	}
-	des = d.withPIA(des)
-	des.Nft = guardDNS(d.cfg, des.Nft)
-	des = piaSourceRules(d.cfg, des)
+	des = d.effective(des)
 	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
 	if d.beforeApply != nil {
 		d.beforeApply(p)
@@ -203,4 +201,13 @@ func (d *Daemon) checkARP(ctx context.Context) {
 	}
 	d.setCondition(api.CondARPReachable, api.False, "Unresolved", strings.Join(msgs, "; "))
 	d.refreshHealth()
+}
+
+// effective is des as the daemon converges it, and as its plan shows it:
+// each PIA device as its provider has it, the DNS guard of the redirected
+// sources, and the rules that keep the tunnels' own addresses in them.
+func (d *Daemon) effective(des netcfg.Desired) netcfg.Desired {
+	des = d.withPIA(des)
+	des.Nft = guardDNS(d.cfg, des.Nft)
+	return piaSourceRules(d.cfg, des)
 }
