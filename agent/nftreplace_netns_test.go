@@ -46,8 +46,9 @@ checks: {gatewayARP: false}
 	}
 	waitFor(t, "the kill switch armed", 30*time.Second, armed("Armed"))
 
-	node.Exec(t, "nft", "add", "chain", "inet", "nodeagent", "x")
-	node.Exec(t, "nft", "add", "map", "inet", "nodeagent", "vm", "{ type ipv4_addr : verdict; elements = { 1.2.3.4 : jump x } }")
+	// One nft transaction: the daemon repairs a lone hand-made chain
+	// before a second command could refer to it.
+	node.Exec(t, "nft", "add chain inet nodeagent x; add map inet nodeagent vm { type ipv4_addr : verdict; elements = { 1.2.3.4 : jump x } }")
 	waitFor(t, "the table replaced", 30*time.Second, armed("ArmedByReplacement"))
 	s := d.Status()
 	c := s.Condition(api.CondKillSwitchArmed)
