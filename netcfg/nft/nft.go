@@ -28,8 +28,9 @@
 // rules and a set's old elements give way to the new ones when the
 // generation flips, so the kill switch never has a gap. Deleting and
 // re-adding the table in one transaction can leak for a moment (see
-// Execute), so it is done only when the kernel refuses the update: a
-// firewall that cannot change at all is the worse fault.
+// Execute), so it is done only when the kernel refuses the update (a
+// firewall that cannot change at all is the worse fault), and then behind
+// a standby table holding the kill switch (replaceWhole).
 //
 // Layout of the table (chains exist only when something needs them):
 //
