@@ -481,42 +481,29 @@ func (d Desired) build() *builder {
 			post = append(post, rule("", saddrInSet(v6, src), ifnameIs(expr.MetaKeyOIFNAME, out), []expr.Any{&expr.Masq{}}))
 		}
 	}
+	// The base chains, in the order they are rendered; only those with
+	// rules exist.
 	accept := nftables.ChainPolicyAccept
-	if len(fwd) > 0 {
-		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
-			Name: forwardChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward,
-			Priority: nftables.ChainPriorityRef(ForwardPriority), Policy: &accept,
-		}, Rules: fwd})
-	}
-	if len(mss) > 0 {
-		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
-			Name: mssChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward,
-			Priority: nftables.ChainPriorityRef(ManglePriority), Policy: &accept,
-		}, Rules: mss})
-	}
-	if len(pre) > 0 {
-		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
-			Name: preroutingChain, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting,
-			Priority: nftables.ChainPriorityRef(DstNATPriority), Policy: &accept,
-		}, Rules: pre})
-	}
-	if len(post) > 0 {
-		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
-			Name: postroutingChain, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting,
-			Priority: nftables.ChainPriorityRef(SrcNATPriority), Policy: &accept,
-		}, Rules: post})
-	}
-	if len(input) > 0 {
-		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
-			Name: inputChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput,
-			Priority: nftables.ChainPriorityRef(ForwardPriority), Policy: &accept,
-		}, Rules: input})
-	}
-	if len(output) > 0 {
-		b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
-			Name: outputChain, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput,
-			Priority: nftables.ChainPriorityRef(ForwardPriority), Policy: &accept,
-		}, Rules: output})
+	for _, c := range []struct {
+		name  string
+		typ   nftables.ChainType
+		hook  *nftables.ChainHook
+		prio  int32
+		rules []Rule
+	}{
+		{forwardChain, nftables.ChainTypeFilter, nftables.ChainHookForward, ForwardPriority, fwd},
+		{mssChain, nftables.ChainTypeFilter, nftables.ChainHookForward, ManglePriority, mss},
+		{preroutingChain, nftables.ChainTypeNAT, nftables.ChainHookPrerouting, DstNATPriority, pre},
+		{postroutingChain, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, SrcNATPriority, post},
+		{inputChain, nftables.ChainTypeFilter, nftables.ChainHookInput, ForwardPriority, input},
+		{outputChain, nftables.ChainTypeFilter, nftables.ChainHookOutput, ForwardPriority, output},
+	} {
+		if len(c.rules) > 0 {
+			b.t.Chains = append(b.t.Chains, Chain{Chain: nftables.Chain{
+				Name: c.name, Type: c.typ, Hooknum: c.hook,
+				Priority: nftables.ChainPriorityRef(nftables.ChainPriority(c.prio)), Policy: &accept,
+			}, Rules: c.rules})
+		}
 	}
 	return b
 }
