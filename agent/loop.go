@@ -207,6 +207,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		case h := <-d.hookEv:
 			d.hookDone(h)
 		case ev := <-d.piaEv:
+			if ev.Probe() {
+				poll()
+			}
 			if d.handlePIA(ctx, ev) {
 				pending = merge(pending, trigProvider)
 				arm(0)

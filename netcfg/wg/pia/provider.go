@@ -215,6 +215,11 @@ const (
 	callDNS
 )
 
+// Probe reports whether ev is a probe's result. An answered probe proves
+// the tunnel, so a handshake happened before it: the loop reads the device
+// first, so that status never shows a healthy tunnel with no handshake.
+func (ev Event) Probe() bool { return ev.kind == callProbe }
+
 // Provider is the state machine that keeps one device registered with PIA.
 // Only the loop goroutine calls its methods; its calls run in their own
 // goroutines and send an Event back, which the loop passes to Handle.
