@@ -45,7 +45,3 @@ func editDistance(a, b string) int {
 	}
 	return prev[len(b)]
 }
-
-// Suggest returns the candidate closest to got (a link name, a key), or
-// "" when none is close enough to be a plausible typo of it.
-func Suggest(got string, candidates []string) string { return suggest(got, candidates) }
