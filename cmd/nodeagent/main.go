@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -44,7 +45,11 @@ Usage:
                                      forget the PIA registrations of the devices it removed;
                                      refused, changing nothing, while pods' links sit on a link
                                      it would delete (--force deletes them with it)
-  nodeagent version                  print the version
+  nodeagent version                  print the version (also --version)
+  nodeagent help                     this help (also -h, --help)
+
+The commands take no arguments: the config is always named with -c FILE
+(nodeagent validate -c ./nodeagent.yaml), never as a bare argument.
 
 Flags:
   -c, --config FILE   config file (default %s; env NODEAGENT_CONFIG)
@@ -70,6 +75,7 @@ Flags:
       --log-level LVL debug (full plans), info (changes, at most 20 of a kind
                       listed per sync, the rest counted; default), warn or error;
                       env NODEAGENT_LOG_LEVEL
+      --version       print the version
   -h, --help          this help
 
 SIGINT or SIGTERM stops any command: run stops cleanly, leaving the node as
@@ -98,10 +104,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	resync := fs.Duration("resync", agent.DefaultResync, "resync period")
 	fs.String("log-level", "info", "log level")
 	help := fs.BoolP("help", "h", false, "help")
+	showVersion := fs.Bool("version", false, "print the version")
+	if err := singleDashLong(fs, args); err != nil {
+		fmt.Fprintf(stderr, "nodeagent: %v\n", err)
+		return 2
+	}
 	if err := fs.Parse(args); err != nil {
 		fmt.Fprintf(stderr, "nodeagent: %v\n\n", err)
 		fmt.Fprintf(stderr, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)
 		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "nodeagent", version)
+		return 0
 	}
 	v := viper.New()
 	v.SetEnvPrefix("NODEAGENT")
@@ -115,11 +130,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	v.BindPFlag("lock", fs.Lookup("lock"))
 	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables"), StateDir: v.GetString("state_dir")}
 
-	if *help || fs.NArg() == 0 {
+	if *help || fs.NArg() == 0 || fs.Arg(0) == "help" {
 		fmt.Fprintf(stdout, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)
-		if *help {
-			return 0
+		if fs.NArg() == 0 && !*help {
+			return 2
 		}
+		return 0
+	}
+	if fs.NArg() > 1 {
+		// A stray word would otherwise be ignored, and validate or plan
+		// would judge the default config instead of the file meant.
+		cmd, extra := fs.Arg(0), fs.Args()[1:]
+		fmt.Fprintf(stderr, "nodeagent: %s takes no arguments, got %q", cmd, extra)
+		if len(extra) == 1 && !fs.Changed("config") {
+			fmt.Fprintf(stderr, "; to use %s as the config: nodeagent %s -c %s", extra[0], cmd, extra[0])
+		}
+		fmt.Fprintln(stderr)
 		return 2
 	}
 	var level slog.Level
@@ -189,6 +215,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// singleDashLong refuses a long flag written with one dash, as in
+// "-config FILE": pflag would read it as -c with the value "onfig", and the
+// command would quietly use a file of that name.
+func singleDashLong(fs *pflag.FlagSet, args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			return nil
+		}
+		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
+			continue
+		}
+		name, _, _ := strings.Cut(a[1:], "=")
+		if f := fs.Lookup(name); f != nil {
+			alt := ""
+			if f.Shorthand != "" {
+				alt = " (or -" + f.Shorthand + ")"
+			}
+			return fmt.Errorf("%s: a long flag takes two dashes: --%s%s", a, name, alt)
+		}
+	}
+	return nil
 }
 
 // interruptGrace is how long a one-shot command has to stop after SIGINT

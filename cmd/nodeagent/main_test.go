@@ -32,6 +32,14 @@ func TestValidateExitCodes(t *testing.T) {
 		{[]string{"apply"}, 2, "", []string{"apply needs --once"}},
 		{[]string{"--help"}, 0, "nodeagent apply --once", nil},
 		{[]string{"version"}, 0, "nodeagent dev", nil},
+		{[]string{"--version"}, 0, "nodeagent dev", nil},
+		{[]string{"help"}, 0, "nodeagent apply --once", nil},
+		// A stray argument is refused, not ignored while the default
+		// config is judged; the message says how to name the file.
+		{[]string{"validate", bad}, 2, "", []string{"validate takes no arguments", "nodeagent validate -c " + bad}},
+		{[]string{"plan", "-c", bad, "cases/02.yaml"}, 2, "", []string{`plan takes no arguments, got ["cases/02.yaml"]`}},
+		{[]string{"validate", "-config", bad}, 2, "", []string{"-config: a long flag takes two dashes: --config (or -c)"}},
+		{[]string{"apply", "-once", "-c", bad}, 2, "", []string{"-once: a long flag takes two dashes: --once"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
