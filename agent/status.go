@@ -119,14 +119,9 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	}
 	devs := d.wgStatus.devices(post.WG)
 	d.metrics.SyncDone(why.String(), dur, failedSubs)
+	// Tunnel health is a PIA tunnel's (publishPIA sets it from the
+	// provider); a plain device's peers show in the WireGuard series.
 	d.metrics.SetWireGuard(devs)
-	for _, dev := range devs {
-		if isPIA, _ := d.piaHealthy(dev.Name); isPIA {
-			continue // publishPIA sets it from the provider
-		}
-		healthy := dev.Implementation != "" && (len(dev.Peers) == 0 || dev.LivePeers > 0)
-		d.metrics.SetTunnelHealthy(dev.Name, healthy)
-	}
 
 	d.mu.Lock()
 	d.status.Node = d.cfg.Node.Name
@@ -141,9 +136,12 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.status.WireGuard = devs
 	d.mu.Unlock()
 
+	waits, over := d.trackWaits(res)
 	switch {
 	case len(failed) > 0:
 		d.setCondition(api.CondConverged, api.False, "SyncFailed", fmt.Sprintf("%d object(s) failed; first: %s", len(failed), failed[0]))
+	case len(over) > 0:
+		d.setCondition(api.CondConverged, api.False, "LinkMissing", fmt.Sprintf("for over %s: %s", d.o.PendingBound, over[0]))
 	case len(pendingObjs) > 0:
 		d.setCondition(api.CondConverged, api.True, "Pending", fmt.Sprintf("%d object(s) wait for a device or parent", len(pendingObjs)))
 	default:
@@ -190,6 +188,8 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		}
 	}
 	switch {
+	case len(failed) == 0 && len(waits) > 0:
+		d.setCondition(api.CondReady, api.False, "WaitingForLink", waits[0].String())
 	case len(failed) == 0:
 		d.setCondition(api.CondReady, api.True, "Converged", "")
 	case !d.ready:

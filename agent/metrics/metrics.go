@@ -54,6 +54,7 @@ type Metrics struct {
 	forwardedPort *prometheus.GaugeVec
 	unprotected   prometheus.Gauge
 	ready         prometheus.Gauge
+	pending       prometheus.Gauge
 	registrations *prometheus.CounterVec
 	tokens        *prometheus.CounterVec
 	condition     *prometheus.GaugeVec
@@ -94,8 +95,8 @@ func New() *Metrics {
 		}, []string{"probe"}),
 		tunnelHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "tunnel_healthy",
-			Help: "Whether the tunnel on a WireGuard device is healthy: for a PIA tunnel, what its provider says (registered, handshaken since, the server answering); for another device, a live peer (handshake under 180 s) or no peers. 1 or 0.",
-		}, []string{"device"}),
+			Help: "Whether a provider's tunnel is healthy, by device and kind (pia: registered, handshaken since, the server answering): 1 or 0. A plain WireGuard device has no series: with peers that come and go (a phone offline) no handshake is not a fault; see nodeagent_wireguard_live_peers.",
+		}, []string{"device", "kind"}),
 		forwardedPort: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "forwarded_port",
 			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
@@ -107,6 +108,10 @@ func New() *Metrics {
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "ready",
 			Help: "Whether the node is ready and not degraded (what nodeagentctl status exits 0 for): 1 or 0.",
+		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "pending_objects",
+			Help: "Objects that wait for a link the config does not create (a parent NIC, a device a route names): 0 on a converged node.",
 		}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "pia_registrations_total",
@@ -143,7 +148,7 @@ func New() *Metrics {
 
 	m.Registry.MustRegister(
 		m.syncs, m.syncDuration, m.syncErrors, m.driftRepairs, m.rollbacks,
-		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, m.registrations, m.tokens, m.condition, killSwitchDrops, m.wg,
+		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, m.pending, m.registrations, m.tokens, m.condition, killSwitchDrops, m.wg,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -182,9 +187,15 @@ func (m *Metrics) SetWireGuard(devs []api.WireGuardDevice) {
 	m.wg.set(devs)
 }
 
-// SetTunnelHealthy sets whether the tunnel on device is healthy.
+// TunnelPIA is the kind label of a PIA tunnel's health.
+const TunnelPIA = "pia"
+
+// SetTunnelHealthy sets whether the PIA tunnel on device is healthy. Only
+// a provider's tunnel has a health to export: a plain WireGuard device (a
+// remote-access server) is idle, not unhealthy, while no peer is connected,
+// so it is never given the series.
 func (m *Metrics) SetTunnelHealthy(device string, healthy bool) {
-	m.tunnelHealthy.WithLabelValues(device).Set(boolFloat(healthy))
+	m.tunnelHealthy.WithLabelValues(device, TunnelPIA).Set(boolFloat(healthy))
 }
 
 // SetCondition exports a condition: status True is 1, False 0; anything
@@ -248,6 +259,12 @@ func (m *Metrics) SetForwardingUnprotected(on bool) {
 // SetReady sets whether the node is ready.
 func (m *Metrics) SetReady(ready bool) {
 	m.ready.Set(boolFloat(ready))
+}
+
+// SetPendingObjects sets how many objects wait for a link the config does
+// not create.
+func (m *Metrics) SetPendingObjects(n int) {
+	m.pending.Set(float64(n))
 }
 
 // Handler serves the registry in the Prometheus exposition formats.

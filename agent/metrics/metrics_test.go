@@ -107,8 +107,8 @@ func TestRolledBack(t *testing.T) {
 func TestGauges(t *testing.T) {
 	m := New()
 	m.SetTunnelHealthy("wg-pia", true)
-	m.SetTunnelHealthy("wg0", true)
-	m.SetTunnelHealthy("wg0", false)
+	m.SetTunnelHealthy("wg-pia2", true)
+	m.SetTunnelHealthy("wg-pia2", false)
 	m.SetReady(true)
 	m.SetKillSwitchDrops(41)
 	m.SetKillSwitchDrops(1234)
@@ -126,16 +126,44 @@ nodeagent_killswitch_drops_total 1234
 # HELP nodeagent_ready Whether the node is ready and not degraded (what nodeagentctl status exits 0 for): 1 or 0.
 # TYPE nodeagent_ready gauge
 nodeagent_ready 1
-# HELP nodeagent_tunnel_healthy Whether the tunnel on a WireGuard device is healthy: for a PIA tunnel, what its provider says (registered, handshaken since, the server answering); for another device, a live peer (handshake under 180 s) or no peers. 1 or 0.
+# HELP nodeagent_tunnel_healthy Whether a provider's tunnel is healthy, by device and kind (pia: registered, handshaken since, the server answering): 1 or 0. A plain WireGuard device has no series: with peers that come and go (a phone offline) no handshake is not a fault; see nodeagent_wireguard_live_peers.
 # TYPE nodeagent_tunnel_healthy gauge
-nodeagent_tunnel_healthy{device="wg-pia"} 1
-nodeagent_tunnel_healthy{device="wg0"} 0
+nodeagent_tunnel_healthy{device="wg-pia",kind="pia"} 1
+nodeagent_tunnel_healthy{device="wg-pia2",kind="pia"} 0
 `), "nodeagent_forwarded_port", "nodeagent_killswitch_drops_total", "nodeagent_ready", "nodeagent_tunnel_healthy"); err != nil {
 		t.Error(err)
 	}
 	m.SetReady(false)
 	if got := testutil.ToFloat64(m.ready); got != 0 {
 		t.Errorf("ready = %v after SetReady(false), want 0", got)
+	}
+}
+
+// TestIdleServerDeviceNoTunnelHealth: a remote-access device whose one
+// peer (a phone) is offline shows as 1 peer, 0 live, and has no
+// tunnel_healthy series at all; the PIA tunnel beside it has its health,
+// labelled kind="pia" (what NodeagentTunnelUnhealthy selects).
+func TestIdleServerDeviceNoTunnelHealth(t *testing.T) {
+	m := New()
+	m.SetWireGuard([]api.WireGuardDevice{
+		{Name: "wg0", Implementation: "kernel", Peers: []api.WireGuardPeer{{PublicKey: "phone=", HandshakeAgeSeconds: -1}}},
+		{Name: "wg-pia", Implementation: "kernel", LivePeers: 1, Peers: []api.WireGuardPeer{{PublicKey: "server=", Endpoint: "192.0.2.9:1337", HandshakeAgeSeconds: 10, Live: true}}},
+	})
+	m.SetTunnelHealthy("wg-pia", true)
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(`
+# HELP nodeagent_tunnel_healthy Whether a provider's tunnel is healthy, by device and kind (pia: registered, handshaken since, the server answering): 1 or 0. A plain WireGuard device has no series: with peers that come and go (a phone offline) no handshake is not a fault; see nodeagent_wireguard_live_peers.
+# TYPE nodeagent_tunnel_healthy gauge
+nodeagent_tunnel_healthy{device="wg-pia",kind="pia"} 1
+# HELP nodeagent_wireguard_live_peers Peers with an endpoint and a handshake younger than 3 minutes.
+# TYPE nodeagent_wireguard_live_peers gauge
+nodeagent_wireguard_live_peers{device="wg-pia"} 1
+nodeagent_wireguard_live_peers{device="wg0"} 0
+# HELP nodeagent_wireguard_peers Peers configured on the WireGuard device.
+# TYPE nodeagent_wireguard_peers gauge
+nodeagent_wireguard_peers{device="wg-pia"} 1
+nodeagent_wireguard_peers{device="wg0"} 1
+`), "nodeagent_tunnel_healthy", "nodeagent_wireguard_peers", "nodeagent_wireguard_live_peers"); err != nil {
+		t.Error(err)
 	}
 }
 
