@@ -229,11 +229,19 @@ check printed test -n "$score"
 
 # --- 8. purge -------------------------------------------------------------
 begin purge
-check purge dpkg --purge nodeagent
+check purge sh -c 'dpkg --purge nodeagent > /root/purge.out 2>&1; rc=$?; cat /root/purge.out; exit $rc'
 check stopped sh -c '! systemctl is-active --quiet nodeagent'
 check unit-gone test ! -e /lib/systemd/system/nodeagent.service
-check config-gone test ! -e /etc/nodeagent
+check config-gone test ! -e /etc/nodeagent/nodeagent.yaml
 check state-gone test ! -e /var/lib/nodeagent
+check rt-names-gone test ! -e /etc/iproute2/rt_tables.d/nodeagent.conf
+# The operator's keys, peer files and PIA credentials survive a purge, and
+# it says so; prerm says how the kernel state it leaves is removed.
+check key-kept test -s /etc/nodeagent/keys/wg0.key
+check peer-file-kept test -s /etc/nodeagent/peers.d/good1.yaml
+check cred-kept test -s /etc/nodeagent/pia.cred
+check says-kept sh -c 'grep -q "purge kept" /root/purge.out && grep -q "^nodeagent:   /etc/nodeagent/keys/wg0.key$" /root/purge.out'
+check says-teardown grep -q "run 'nodeagent teardown' before removing" /root/purge.out
 check kernel-vlan-stays ip link show trunk0.50
 check kernel-wg-stays ip link show wg0
 check kernel-nft-stays nft list table inet nodeagent
