@@ -17,6 +17,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
 	"github.com/nodeagent/nodeagent/agent/notify"
+	"github.com/nodeagent/nodeagent/agent/waiting"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -58,6 +59,10 @@ type RunOptions struct {
 	// PIATimers are the PIA providers' timeouts (zero fields: defaults);
 	// tests shorten them.
 	PIATimers pia.Timers
+	// PendingBound is how long objects may wait for a link the config
+	// does not create (a parent NIC) before the node is degraded for it
+	// (default waiting.DefaultBound; tests shorten it).
+	PendingBound time.Duration
 	// TestHooks turns on SIGUSR2, which wedges the reconcile loop for a
 	// minute, so tests can prove the watchdog notices.
 	TestHooks bool
@@ -86,8 +91,11 @@ type Daemon struct {
 	// queue of link events waited for the next resync.
 	kicked atomic.Uint32
 	kick   chan struct{}
-	want   atomic.Pointer[interest]
-	files  *fileWatch
+	// waits follows the objects that wait for a link the config does not
+	// create, and since when.
+	waits waiting.Tracker
+	want  atomic.Pointer[interest]
+	files *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).
@@ -176,6 +184,9 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	if o.Debounce == 0 {
 		o.Debounce = DefaultDebounce
 	}
+	if o.PendingBound == 0 {
+		o.PendingBound = waiting.DefaultBound
+	}
 	if o.WGPoll == 0 {
 		o.WGPoll = DefaultWGPoll
 	}
@@ -189,6 +200,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		o: o, log: o.Log, kick: make(chan struct{}, 1), reqs: make(chan request), stall: make(chan time.Duration, 1),
 		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
+	d.waits.Bound = o.PendingBound
 	d.host = o.Host
 	if d.host == nil {
 		h, err := host.Current()
@@ -237,6 +249,7 @@ func finishStager(s *wg.Stager, log *slog.Logger) {
 // Run runs the daemon until ctx ends. A clean stop leaves every kernel
 // object in place, so a restart does not drop the tunnel.
 func (d *Daemon) Run(ctx context.Context) error {
+	d.log.Info("starting", "version", d.o.Version, "config", d.o.Config)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer d.us.Close()

@@ -124,6 +124,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	}
 	pending := trigStart
 	var retry <-chan time.Time
+	// waitDue fires when objects waiting for a missing link reach the
+	// bound: the sync then degrades the node, not the next resync.
+	var waitDue <-chan time.Time
 	// parked: the poll waits for wgChanged (every device is this
 	// process's, in userspace, and converged), its timer only a safety
 	// net. A poll that keeps the interval keeps this too.
@@ -193,6 +196,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			retry = nil
 			pending = merge(pending, trigRetry)
 			arm(0)
+		case <-waitDue:
+			waitDue = nil
+			pending = merge(pending, trigResync)
+			arm(0)
 		case <-wgPoll.C:
 			poll()
 		case <-wgChanged:
@@ -235,6 +242,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				d.log.Warn("sync failed; retrying", "in", backoff, "err", err)
 			} else {
 				d.failures = 0
+				if left, ok := d.waitsDue(); ok {
+					waitDue = time.After(left + 10*time.Millisecond)
+				}
 				switch {
 				case parked:
 					// The sync may have changed which devices there are

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/nodeagent/nodeagent/agent/waiting"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -206,6 +207,11 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 		case e.Failed():
 			failed = append(failed, e.Err)
 		}
+	}
+	// What waits for a link the config does not create has no later
+	// sync here to wait for: the node is not converged.
+	for _, wt := range waiting.Find(res.Report, createsLink(d), func() []string { return linkNames(h) }) {
+		failed = append(failed, fmt.Errorf("%s: %s", path, wt))
 	}
 	if len(failed) > 0 {
 		return errors.Join(failed...)

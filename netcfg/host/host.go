@@ -167,7 +167,12 @@ func kernelAtLeast(major, minor int) bool {
 // PendingError is an object that waits for another (a parent link, a
 // tunnel device) and will be converged by a later sync. It is reported,
 // but it does not fail the sync: the thing it waits for may come up later.
-type PendingError struct{ Reason string }
+// Missing names the link it waits for, where it waits for one; the daemon
+// tells a link the config will make from one only the node can bring.
+type PendingError struct {
+	Reason  string
+	Missing string
+}
 
 func (e *PendingError) Error() string { return "pending: " + e.Reason }
 

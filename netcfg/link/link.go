@@ -123,6 +123,7 @@ type Op struct {
 	Old     ObservedLink // for delete and change
 	Addr    netip.Prefix // for address ops
 	Reason  string       // for conflicts and recreations
+	Wait    string       // for pending: the parent it waits for
 }
 
 // Action returns the op's plan symbol.
@@ -149,7 +150,7 @@ func (o Op) Entry() plan.Entry {
 	case OpConflict:
 		e.Err = fmt.Errorf("%s: %s", o.Object(), o.Reason)
 	case OpPending:
-		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason})
+		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason, Missing: o.Wait})
 	}
 	return e
 }

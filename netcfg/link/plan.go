@@ -22,7 +22,7 @@ func MakePlan(d Desired, o Observed) Plan {
 	waiting := waitingForParent(d, o)
 	for _, l := range d.Links {
 		if parent, ok := waiting[l.Name]; ok {
-			ops = append(ops, Op{Kind: OpPending, Link: l.Name, Desired: l, Reason: fmt.Sprintf("parent %s does not exist", parent)})
+			ops = append(ops, Op{Kind: OpPending, Link: l.Name, Desired: l, Reason: fmt.Sprintf("parent %s does not exist", parent), Wait: parent})
 			continue
 		}
 		ops = append(ops, planLink(l, want, o)...)

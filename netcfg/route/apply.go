@@ -53,7 +53,7 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			}
 		case OpAddRoute, OpReplaceRoute:
 			if o.Route.Dev != "" && links[o.Route.Dev] == 0 {
-				err = &host.PendingError{Reason: fmt.Sprintf("device %s does not exist yet", o.Route.Dev)}
+				err = &host.PendingError{Reason: fmt.Sprintf("device %s does not exist yet", o.Route.Dev), Missing: o.Route.Dev}
 				break
 			}
 			h.Wrote(1)

@@ -86,7 +86,7 @@ func (o Op) Entry() plan.Entry {
 	e := plan.Entry{Subsystem: plan.Routes, Kind: kind, Action: action, Object: o.Object(), Text: o.String()}
 	switch o.Kind {
 	case OpPending:
-		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason})
+		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason, Missing: o.Route.Dev})
 	case OpConflict:
 		e.Err = fmt.Errorf("%s: %s", o.Object(), o.Reason)
 	}
