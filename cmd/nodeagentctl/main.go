@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -61,7 +62,8 @@ Usage:
                                         for) or condition/NAME[=STATUS], STATUS True (the default),
                                         False or Unknown
   nodeagentctl completion bash|zsh      print a shell completion script
-  nodeagentctl version                  print the version
+  nodeagentctl version                  print the version (also --version)
+  nodeagentctl help                     this help (also -h, --help)
 
 Flags (accepted before or after the command):
       --socket PATH     the daemon's socket (default ` + api.DefaultSocket + `;
@@ -69,7 +71,12 @@ Flags (accepted before or after the command):
   -o, --output FORMAT   with status and peers: table (default) or json (the API's JSON)
       --for COND        with wait: what to wait for (default ready)
       --timeout DUR     with wait: give up after DUR, e.g. 90s or 2m (default 5m; must be > 0)
+      --version         print the version
   -h, --help            this help
+
+With -o json, an error is also printed on standard output as a JSON object,
+{"error": "...", "hint": "..."}, so that a script reading it gets JSON either
+way.
 
 wait fails closed. While the socket is missing or refuses connections it keeps
 polling, because at boot the daemon may start after the unit that waits for it;
@@ -102,6 +109,9 @@ type cli struct {
 	getenv         func(string) string
 	now            func() time.Time
 	poll           time.Duration
+	// jsonErrors: -o json was asked for, so errors are printed as JSON on
+	// stdout too.
+	jsonErrors bool
 }
 
 // commands lists each command with the flags (besides --socket and --help)
@@ -120,6 +130,7 @@ var commands = map[string]struct {
 	"wait":       {[]string{"for", "timeout"}, 0, false},
 	"completion": {nil, 1, false},
 	"version":    {nil, 0, false},
+	"help":       {nil, 0, false},
 }
 
 // options are the parsed flags.
@@ -129,6 +140,7 @@ type options struct {
 	forCond string
 	timeout time.Duration
 	help    bool
+	version bool
 }
 
 func newFlagSet(o *options) *pflag.FlagSet {
@@ -139,6 +151,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.forCond, "for", "ready", "what wait waits for")
 	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "how long wait waits")
 	fs.BoolVarP(&o.help, "help", "h", false, "help")
+	fs.BoolVar(&o.version, "version", false, "print the version")
 	return fs
 }
 
@@ -151,11 +164,18 @@ func (c *cli) usageError(format string, args ...any) int {
 func (c *cli) run(ctx context.Context, args []string) int {
 	var o options
 	fs := newFlagSet(&o)
+	if err := singleDashLong(fs, args); err != nil {
+		return c.usageError("%v", err)
+	}
 	if err := fs.Parse(args); err != nil {
 		return c.usageError("%v", err)
 	}
-	if o.help {
+	if o.help || fs.Arg(0) == "help" {
 		fmt.Fprint(c.stdout, usage)
+		return exitOK
+	}
+	if o.version {
+		fmt.Fprintln(c.stdout, "nodeagentctl", version)
 		return exitOK
 	}
 	if fs.NArg() == 0 {
@@ -193,6 +213,8 @@ func (c *cli) run(ctx context.Context, args []string) int {
 			o.socket = env
 		}
 	}
+	// A script that asked for JSON gets JSON on errors too.
+	c.jsonErrors = o.output == "json"
 	client := api.NewClient(o.socket)
 	defer client.CloseIdleConnections()
 
@@ -231,15 +253,69 @@ func (c *cli) run(ctx context.Context, args []string) int {
 }
 
 // fail reports a request's error and returns its exit code: 2 when the
-// daemon could not be reached, 1 when it answered with a failure.
+// daemon could not be reached, 1 when it answered with a failure. The
+// message says what to do next where that is known; with -o json it is
+// also printed as a JSON object on standard output.
 func (c *cli) fail(what string, err error) int {
+	code, msg := exitFailure, what+": "+err.Error()
 	if errors.Is(err, api.ErrUnreachable) {
 		// The error names the socket and the reason.
-		fmt.Fprintf(c.stderr, "nodeagentctl: %v\n", err)
-		return exitUnreachable
+		code, msg = exitUnreachable, err.Error()
 	}
-	fmt.Fprintf(c.stderr, "nodeagentctl: %s: %v\n", what, err)
-	return exitFailure
+	hint := nextStep(err)
+	fmt.Fprintf(c.stderr, "nodeagentctl: %s\n", msg)
+	if hint != "" {
+		fmt.Fprintf(c.stderr, "nodeagentctl: %s\n", hint)
+	}
+	if c.jsonErrors {
+		b, _ := json.MarshalIndent(jsonError{Error: msg, Hint: hint}, "", "  ")
+		c.stdout.Write(append(b, '\n'))
+	}
+	return code
+}
+
+// jsonError is what -o json prints on standard output for an error.
+type jsonError struct {
+	Error string `json:"error"`
+	Hint  string `json:"hint,omitempty"`
+}
+
+// nextStep says what to do about a request's error, or "" when there is
+// nothing more useful to say than the error itself.
+func nextStep(err error) string {
+	if !errors.Is(err, api.ErrUnreachable) {
+		return ""
+	}
+	switch {
+	case errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM):
+		return "the socket is for root and the nodeagent group: run this with sudo, or join the group " +
+			"(sudo usermod -aG nodeagent $USER, then log in again)"
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED):
+		return "is the daemon running, on this socket? See: systemctl status nodeagent"
+	}
+	return ""
+}
+
+// singleDashLong refuses a long flag written with one dash, as in
+// "-output json": pflag would read it as -o with the value "utput".
+func singleDashLong(fs *pflag.FlagSet, args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			return nil
+		}
+		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
+			continue
+		}
+		name, _, _ := strings.Cut(a[1:], "=")
+		if f := fs.Lookup(name); f != nil {
+			alt := ""
+			if f.Shorthand != "" {
+				alt = " (or -" + f.Shorthand + ")"
+			}
+			return fmt.Errorf("%s: a long flag takes two dashes: --%s%s", a, name, alt)
+		}
+	}
+	return nil
 }
 
 func (c *cli) printJSON(v any) int {

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -348,16 +349,74 @@ func TestFormatting(t *testing.T) {
 	}
 }
 
+// TestUnreachable: a missing socket is reported with the next step (the
+// unit's status); with -o json the error is a JSON object on stdout too.
 func TestUnreachable(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "missing.sock")
-	for _, args := range [][]string{{"status"}, {"status", "-o", "json"}, {"plan"}, {"reload"}, {"peers"}} {
+	reason := "cannot reach nodeagent at " + sock + ": connect: no such file or directory"
+	hint := "is the daemon running, on this socket? See: systemctl status nodeagent"
+	for _, args := range [][]string{{"status"}, {"status", "-o", "json"}, {"plan"}, {"reload"}, {"peers"}, {"peers", "-o", "json"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			r := run(t, nil, append(args, "--socket", sock)...)
-			want := "nodeagentctl: cannot reach nodeagent at " + sock + ": connect: no such file or directory\n"
-			if r.code != 2 || r.stderr != want || r.stdout != "" {
+			want := "nodeagentctl: " + reason + "\nnodeagentctl: " + hint + "\n"
+			if r.code != 2 || r.stderr != want {
 				t.Errorf("want exit 2 and stderr %q, got %v", want, r)
 			}
+			if !slices.Contains(args, "json") {
+				if r.stdout != "" {
+					t.Errorf("stdout %q, want none", r.stdout)
+				}
+				return
+			}
+			var got map[string]string
+			if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+				t.Fatalf("-o json: stdout is not a JSON object: %v\n%s", err, r.stdout)
+			}
+			if diff := cmp.Diff(map[string]string{"error": reason, "hint": hint}, got); diff != "" {
+				t.Errorf("-o json error object (-want +got):\n%s", diff)
+			}
 		})
+	}
+}
+
+// TestUnreachableNotPermitted: a caller the socket's permissions keep out
+// is told about the nodeagent group, not only "permission denied".
+func TestUnreachableNotPermitted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run as nobody")
+	}
+	// Under /tmp itself, not t.TempDir (whose parent is 0700): nobody
+	// must reach the binary, and be refused by the socket alone.
+	dir, err := os.MkdirTemp("", "nodeagentctl-perm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	sock := filepath.Join(dir, "s.sock")
+	listen(t, sock, &fake{status: always(readyStatus)})
+	os.Chmod(sock, 0o660)
+	self, _ := os.Executable()
+	bin := filepath.Join(dir, "nodeagentctl")
+	b, _ := os.ReadFile(self)
+	os.WriteFile(bin, b, 0o755)
+	cmd := exec.Command(bin, "status", "-o", "json", "--socket", sock)
+	cmd.Env = append(os.Environ(), asCtl+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("want exit 2, got %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
+	}
+	for _, w := range []string{"permission denied", "the nodeagent group", "sudo usermod -aG nodeagent"} {
+		if !strings.Contains(errb.String(), w) {
+			t.Errorf("stderr lacks %q:\n%s", w, errb.String())
+		}
+	}
+	var got map[string]string
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || !strings.Contains(got["hint"], "nodeagent group") {
+		t.Errorf("-o json: want an error object with the hint, got %v:\n%s", err, out.String())
 	}
 }
 
@@ -596,6 +655,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"completion"}, "nodeagentctl: completion takes 1 argument, got 0"},
 		{[]string{"completion", "fish"}, `nodeagentctl: completion "fish": want bash or zsh`},
 		{[]string{"--nosuch"}, "unknown flag: --nosuch"},
+		{[]string{"status", "-output", "json"}, "nodeagentctl: -output: a long flag takes two dashes: --output (or -o)"},
+		{[]string{"wait", "-timeout=2m"}, "nodeagentctl: -timeout=2m: a long flag takes two dashes: --timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -613,8 +674,15 @@ func TestHelpAndVersion(t *testing.T) {
 			t.Errorf("%q: want exit 0 and the usage, got %v", args, r)
 		}
 	}
-	if r := run(t, nil, "version"); r.code != 0 || r.stdout != "nodeagentctl dev\n" {
-		t.Errorf("version: %v", r)
+	for _, args := range [][]string{{"help"}} {
+		if r := run(t, nil, args...); r.code != 0 || r.stdout != usage {
+			t.Errorf("%q: want exit 0 and the usage, got %v", args, r)
+		}
+	}
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		if r := run(t, nil, args...); r.code != 0 || r.stdout != "nodeagentctl dev\n" {
+			t.Errorf("%q: %v", args, r)
+		}
 	}
 }
 

@@ -141,6 +141,7 @@ func (c *cli) wait(ctx context.Context, client *api.Client, t waitTarget, timeou
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	last := "no answer from nodeagent yet"
+	var lastErr error // the error behind last, for the next step to suggest
 	tick := time.NewTicker(c.poll)
 	defer tick.Stop()
 	for {
@@ -165,7 +166,7 @@ func (c *cli) wait(ctx context.Context, client *api.Client, t waitTarget, timeou
 				}
 				return exitOK
 			}
-			last = reason
+			last, lastErr = reason, nil
 		case ctx.Err() != nil:
 			// The request was cut short by the deadline; its error says
 			// nothing about the daemon, so the reason before it stands.
@@ -175,11 +176,11 @@ func (c *cli) wait(ctx context.Context, client *api.Client, t waitTarget, timeou
 			fmt.Fprintf(c.stderr, "nodeagentctl: waiting for %s: %v\n", t, err)
 			return exitFailure
 		case errors.Is(err, context.DeadlineExceeded):
-			last = fmt.Sprintf("nodeagent at %s did not answer within %v", client.Socket(), pollTimeout)
+			last, lastErr = fmt.Sprintf("nodeagent at %s did not answer within %v", client.Socket(), pollTimeout), nil
 		default:
 			// Unreachable, a 5xx, a connection dropped by a restarting
 			// daemon: all can clear up, so keep waiting.
-			last = err.Error()
+			last, lastErr = err.Error(), err
 		}
 		select {
 		case <-ctx.Done():
@@ -187,6 +188,9 @@ func (c *cli) wait(ctx context.Context, client *api.Client, t waitTarget, timeou
 				fmt.Fprintf(c.stderr, "nodeagentctl: timed out after %v waiting for %s: %s\n", timeout, t, last)
 			} else {
 				fmt.Fprintf(c.stderr, "nodeagentctl: interrupted waiting for %s: %s\n", t, last)
+			}
+			if hint := nextStep(lastErr); hint != "" {
+				fmt.Fprintf(c.stderr, "nodeagentctl: %s\n", hint)
 			}
 			return exitFailure
 		case <-tick.C:
