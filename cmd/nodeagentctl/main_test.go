@@ -758,11 +758,11 @@ func TestBashCompletion(t *testing.T) {
 	}
 }
 
-// TestManPageCoversUsage keeps docs/nodeagentctl.8 in step with --help:
+// TestManPageCoversUsage keeps docs/nodeagentctl.1 in step with --help:
 // every flag the code defines is in the usage, and every command, flag and
 // exit status the usage names is in the man page.
 func TestManPageCoversUsage(t *testing.T) {
-	man, err := os.ReadFile("../../docs/nodeagentctl.8")
+	man, err := os.ReadFile("../../docs/nodeagentctl.1")
 	if err != nil {
 		t.Fatal(err)
 	}

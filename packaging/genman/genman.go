@@ -9,25 +9,33 @@ import (
 	"strings"
 )
 
+// Commands are the command pages by file name: nodeagent, the daemon in
+// /usr/sbin, in section 8; nodeagentctl, which any member of the nodeagent
+// group runs from /usr/bin, in section 1.
+var Commands = map[string]string{"nodeagent.8": "nodeagent", "nodeagentctl.1": "nodeagentctl"}
+
+// Pages are the file names Generate returns.
+var Pages = []string{"nodeagent.8", "nodeagentctl.1", "nodeagent.yaml.5"}
+
 // Generate returns the man pages by file name: nodeagent.8 and
-// nodeagentctl.8 from their templates and the --help of bins (command name
+// nodeagentctl.1 from their templates and the --help of bins (command name
 // to binary), nodeagent.yaml.5 from the config schema's source.
 func Generate(root string, bins map[string]string) (map[string]string, error) {
 	pages := map[string]string{}
-	for _, name := range []string{"nodeagent", "nodeagentctl"} {
+	for page, name := range Commands {
 		help, err := exec.Command(bins[name], "--help").Output()
 		if err != nil {
 			return nil, fmt.Errorf("%s --help: %w", name, err)
 		}
-		tmpl, err := os.ReadFile(filepath.Join(root, "packaging", "man", name+".8.in"))
+		tmpl, err := os.ReadFile(filepath.Join(root, "packaging", "man", page+".in"))
 		if err != nil {
 			return nil, err
 		}
-		page, err := fillCommandPage(string(tmpl), string(help))
+		text, err := fillCommandPage(string(tmpl), string(help))
 		if err != nil {
-			return nil, fmt.Errorf("%s.8: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", page, err)
 		}
-		pages[name+".8"] = page
+		pages[page] = text
 	}
 	tmpl, err := os.ReadFile(filepath.Join(root, "packaging", "man", "nodeagent.yaml.5.in"))
 	if err != nil {

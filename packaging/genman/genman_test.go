@@ -1,8 +1,13 @@
 package main
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -20,7 +25,7 @@ func TestGeneratedManPages(t *testing.T) {
 	if err := run(root, "", "", out); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"nodeagent.8", "nodeagentctl.8", "nodeagent.yaml.5"} {
+	for _, name := range Pages {
 		got, err := os.ReadFile(filepath.Join(out, name))
 		if err != nil {
 			t.Fatal(err)
@@ -90,4 +95,51 @@ func trim(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// TestConditionsDocumented: every condition type the daemon reports (the
+// Cond constants of agent/api) has its entry under CONDITIONS in
+// nodeagentctl(1), so an operator can look up what status names.
+func TestConditionsDocumented(t *testing.T) {
+	root := "../.."
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, filepath.Join(root, "agent", "api", "api.go"), nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conds []string
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, s := range g.Specs {
+			vs := s.(*ast.ValueSpec)
+			for i, n := range vs.Names {
+				if strings.HasPrefix(n.Name, "Cond") && i < len(vs.Values) {
+					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						v, _ := strconv.Unquote(lit.Value)
+						conds = append(conds, v)
+					}
+				}
+			}
+		}
+	}
+	if len(conds) < 9 {
+		t.Fatalf("found %d condition types in agent/api/api.go: %q", len(conds), conds)
+	}
+	page, err := os.ReadFile(filepath.Join(root, "docs", "nodeagentctl.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sect, ok := strings.Cut(string(page), "\n.SH CONDITIONS\n")
+	if !ok {
+		t.Fatal("docs/nodeagentctl.1 has no CONDITIONS section")
+	}
+	sect, _, _ = strings.Cut(sect, "\n.SH ")
+	for _, c := range conds {
+		if !strings.Contains(sect, "\n.TP\n.B "+c+"\n") {
+			t.Errorf("docs/nodeagentctl.1: condition %s has no entry under CONDITIONS (packaging/man/nodeagentctl.1.in)", c)
+		}
+	}
 }

@@ -1,8 +1,8 @@
 // Command genman writes the man pages from the code, so they cannot drift
 // from it:
 //
-//   - nodeagent(8) and nodeagentctl(8): the prose is in
-//     packaging/man/*.8.in; the SYNOPSIS and OPTIONS sections are rendered
+//   - nodeagent(8) and nodeagentctl(1): the prose is in
+//     packaging/man/nodeagent.8.in and nodeagentctl.1.in; the SYNOPSIS and OPTIONS sections are rendered
 //     from the binaries' own --help, which is the usage text the flag
 //     parsers print (and which their tests keep in step with the flag sets).
 //   - nodeagent.yaml(5): rendered from netcfg/config/types.go, by walking

@@ -55,7 +55,7 @@ check not-started test "$(systemctl is-active nodeagent)" = inactive
 check default-config-validates nodeagent validate
 check default-config-inert test "$(nodeagent plan)" = "no changes"
 check conffile grep -q /etc/nodeagent/nodeagent.yaml /var/lib/dpkg/info/nodeagent.conffiles
-check man-pages test -f /usr/share/man/man5/nodeagent.yaml.5.gz -a -f /usr/share/man/man8/nodeagent.8.gz
+check man-pages test -f /usr/share/man/man5/nodeagent.yaml.5.gz -a -f /usr/share/man/man8/nodeagent.8.gz -a -f /usr/share/man/man1/nodeagentctl.1.gz
 check monitoring-examples test -f /usr/share/doc/nodeagent/examples/monitoring/nodeagent-alerts.yml -a -f /usr/share/doc/nodeagent/examples/monitoring/nodeagent-dashboard.json
 
 # --- 2. start with a test config ------------------------------------------
