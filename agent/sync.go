@@ -66,7 +66,11 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	}
 	if !d.ready {
 		d.ready = true
-		d.notify.Ready(d.summary())
+		// The first full convergence: what systemd's READY=1 (and so
+		// units ordered after nodeagent) waited for.
+		sum := d.summary()
+		d.log.Info("node ready", "status", sum)
+		d.notify.Ready(sum)
 	} else {
 		d.notify.Status(d.summary())
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/logging"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"github.com/spf13/pflag"
@@ -153,7 +154,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nodeagent: --log-level: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := logging.New(stderr, level)
 
 	cmd := fs.Arg(0)
 	var work func(ctx context.Context) error
