@@ -63,6 +63,13 @@ func startDaemon(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOpt
 // hooks before it runs.
 func launch(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOptions), hooks func(*Daemon)) *running {
 	t.Helper()
+	return launchUntil(t, ns, cfg, tweak, hooks, "first convergence", func(s api.Status) bool { return s.Ready })
+}
+
+// launchUntil is launch that waits for until (named what) instead of
+// readiness.
+func launchUntil(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOptions), hooks func(*Daemon), what string, until func(api.Status) bool) *running {
+	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	r := &running{log: &syncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
@@ -91,7 +98,7 @@ func launch(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOptions)
 			t.Logf("daemon log:\n%s", r.log.String())
 		}
 	})
-	waitFor(t, "first convergence", 60*time.Second, func() bool { return d.Status().Ready })
+	waitFor(t, what, 60*time.Second, func() bool { return until(d.Status()) })
 	return r
 }
 

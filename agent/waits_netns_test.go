@@ -1,0 +1,80 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/testenv"
+)
+
+// TestMistypedParentIsNotReady is issue 30's item 2 in the running daemon:
+// a macvlan on `trnuk0` where the node has trunk0. The node never reads as
+// ready; past the bound it is degraded (what makes `nodeagentctl status`
+// exit 1) with one WARN line that suggests trunk0, and the pending-objects
+// gauge counts the shim. When a link of that name appears, it converges.
+func TestMistypedParentIsNotReady(t *testing.T) {
+	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", peer, "eth0")
+	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
+	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
+macvlans:
+  - {name: shim0, parent: trnuk0, addresses: [10.10.50.3/24]}
+routing:
+  tables:
+    - id: 150
+      routes: [{to: 10.70.0.0/24, dev: shim0}]
+checks:
+  gatewayARP: false
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const bound = 2 * time.Second
+	r := launchUntil(t, node, cfg, func(o *RunOptions) { o.PendingBound = bound; o.Resync = 300 * time.Millisecond }, nil,
+		"the first sync", func(s api.Status) bool { return s.LastSync != nil })
+	if s := r.d.Status(); s.Ready {
+		t.Errorf("ready while shim0 waits for trnuk0: %+v", s.Condition(api.CondReady))
+	}
+	waitFor(t, "degraded", bound+10*time.Second, func() bool { return r.d.Status().Degraded })
+	s := r.d.Status()
+	conv, ready := s.Condition(api.CondConverged), s.Condition(api.CondReady)
+	if s.Ready || conv == nil || conv.Reason != "LinkMissing" || !strings.Contains(conv.Message, "link shim0 wait(s) for trnuk0") || !strings.Contains(conv.Message, "did you mean trunk0?") {
+		t.Errorf("status: ready %v, Converged %+v, Ready %+v", s.Ready, conv, ready)
+	}
+	if got := gaugeValue(t, r, "nodeagent_pending_objects"); got != 1 {
+		t.Errorf("nodeagent_pending_objects = %v, want 1 (shim0; the route waits for shim0, which the config makes)", got)
+	}
+	time.Sleep(4 * 300 * time.Millisecond) // a few resyncs more
+	if n := strings.Count(r.log.String(), "objects wait for a link that does not exist"); n != 1 {
+		t.Errorf("%d WARN lines for the wait, want 1:\n%s", n, r.log.String())
+	}
+
+	// The NIC appears (a late driver; here: a link of that name).
+	node.Veth(t, "trnuk0", peer, "eth1")
+	waitFor(t, "ready and not degraded once trnuk0 exists", 10*time.Second, func() bool { s := r.d.Status(); return s.Ready && !s.Degraded })
+	if got := gaugeValue(t, r, "nodeagent_pending_objects"); got != 0 {
+		t.Errorf("nodeagent_pending_objects = %v after trnuk0 appeared", got)
+	}
+	if out := node.Exec(t, "ip", "-d", "link", "show", "shim0"); !strings.Contains(out, "@trnuk0") {
+		t.Errorf("shim0 after trnuk0 appeared: %s", out)
+	}
+}
+
+// gaugeValue reads one unlabelled gauge of the daemon's.
+func gaugeValue(t *testing.T, r *running, name string) float64 {
+	t.Helper()
+	mfs, err := r.d.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}
