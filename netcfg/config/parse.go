@@ -117,27 +117,38 @@ var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 // returns nil for an empty file (or one holding only comments or null),
 // which is an empty config.
 func readDocument(file string, data []byte) (root *yaml.Node, errs ErrorList) {
+	docs, err := decodeDocuments(data)
+	if err != nil {
+		return nil, ErrorList{syntaxError(file, data, err)}
+	}
+	for _, n := range docs {
+		if root != nil {
+			return nil, ErrorList{{File: file, Line: n.Line,
+				Msg: "a second YAML document; nodeagent reads exactly one, so put everything in one document"}}
+		}
+		root = n
+	}
+	return root, nil
+}
+
+// decodeDocuments parses every YAML document in data and returns the root
+// nodes of those that are not empty, or the first syntax error.
+func decodeDocuments(data []byte) ([]*yaml.Node, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var first *yaml.Node
+	var docs []*yaml.Node
 	for {
 		var doc yaml.Node
 		if err := safeDecode(dec, &doc); err != nil {
 			if errors.Is(err, io.EOF) {
-				break
+				return docs, nil
 			}
-			return nil, ErrorList{syntaxError(file, err)}
+			return nil, err
 		}
-		n := documentContent(&doc)
-		if n == nil {
-			continue // an empty document, such as a trailing "---"
+		if n := documentContent(&doc); n != nil {
+			docs = append(docs, n)
 		}
-		if first != nil {
-			return nil, ErrorList{{File: file, Line: n.Line,
-				Msg: "a second YAML document; nodeagent reads exactly one, so put everything in one document"}}
-		}
-		first = n
+		// An empty document, such as a trailing "---", is skipped.
 	}
-	return first, nil
 }
 
 // safeDecode runs the YAML parser, turning a panic inside it into an error:
@@ -163,13 +174,100 @@ func documentContent(doc *yaml.Node) *yaml.Node {
 	return n
 }
 
-func syntaxError(file string, err error) *FieldError {
-	msg := err.Error()
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		return &FieldError{File: file, Line: line, Msg: "invalid YAML: " + m[2]}
+// syntaxError reports the YAML parser's err at the line of the token that
+// caused it, which is where the operator has to look.
+func syntaxError(file string, data []byte, err error) *FieldError {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	reported := 0
+	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
+		reported, _ = strconv.Atoi(m[1])
+		msg = m[2]
 	}
-	return &FieldError{File: file, Msg: "invalid YAML: " + strings.TrimPrefix(msg, "yaml: ")}
+	line := offendingLine(data, err.Error(), reported)
+	if line == 0 {
+		line = reported
+	}
+	if line > 0 && !strings.Contains(msg, "tab") && tabIndented(data, line) {
+		msg += " (a tab indents this line; YAML indents with spaces only)"
+	}
+	return &FieldError{File: file, Line: line, Msg: "invalid YAML: " + msg}
+}
+
+// offendingLine returns the line of the token that makes data fail to
+// parse with the error text full, or 0 when it cannot tell. yaml.v3 reports
+// the line where the enclosing block or scalar began, or the line before it
+// (often a comment above the mistake), not the token's own as PyYAML
+// does; and the parser reads a file front to back, so the token's line is
+// the first N for which the file's first N lines fail with the very same
+// error (all of them do: that is the file). The token is never above the
+// reported line and seldom far below it, so the search gallops down from
+// there and then halves: a few parses, each bounded by MaxConfigSize, on a
+// path taken only for a broken file.
+func offendingLine(data []byte, full string, reported int) int {
+	ends := lineEnds(data)
+	failsAt := func(n int) bool {
+		_, err := decodeDocuments(data[:ends[n-1]])
+		return err != nil && err.Error() == full
+	}
+	lo, hi := max(reported, 1), len(ends)
+	if lo > hi {
+		return 0
+	}
+	// Invariant: the answer is in [lo, hi], and hi fails.
+	for step := 1; lo < hi; step *= 2 {
+		probe := min(lo+step-1, hi-1)
+		if failsAt(probe) {
+			hi = probe
+			break
+		}
+		lo = probe + 1
+	}
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if failsAt(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+// lineEnds returns, for each line of data, the offset just past it (its
+// newline included).
+func lineEnds(data []byte) []int {
+	var ends []int
+	for i, b := range data {
+		if b == '\n' {
+			ends = append(ends, i+1)
+		}
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	return ends
+}
+
+// tabIndented reports whether the indentation of line (1-based) of data
+// holds a tab.
+func tabIndented(data []byte, line int) bool {
+	for l := 1; l < line; l++ {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			return false
+		}
+		data = data[i+1:]
+	}
+	for _, b := range data {
+		switch b {
+		case ' ':
+		case '\t':
+			return true
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // positions maps a field path to the line it was written on.

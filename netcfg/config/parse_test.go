@@ -75,7 +75,7 @@ func TestParseInvalid(t *testing.T) {
 		{"syntax error", "vlans:\n\t- name: a\n",
 			`nodeagent.yaml:2: invalid YAML: found character that cannot start any token`},
 		{"unknown anchor", "vlans: *nope\n",
-			`nodeagent.yaml: invalid YAML: unknown anchor 'nope' referenced`},
+			`nodeagent.yaml:1: invalid YAML: unknown anchor 'nope' referenced`},
 
 		// VLANs.
 		{"vlan id too big", "vlans:\n  - name: enp1s0.50\n    parent: enp1s0\n    id: 4095\n",
