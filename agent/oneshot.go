@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/nodeagent/nodeagent/agent/filecheck"
+	"github.com/nodeagent/nodeagent/agent/saveguard"
 	"github.com/nodeagent/nodeagent/agent/waiting"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
@@ -64,9 +66,14 @@ func Load(o Options) (*config.Config, netcfg.Desired, error) {
 func load(o Options, st *wg.Stager) (*config.Config, netcfg.Desired, []byte, error) {
 	path := o.Config
 	c, raw, err := config.ReadWith(path, config.Options{PIARegion: cachedRegion(o.StateDir)})
+	var list config.ErrorList
+	invalid := errors.As(err, &list)
+	if (err == nil || invalid) && saveguard.Empty(raw) {
+		// What a truncating or failed write leaves is never a config.
+		return nil, netcfg.Desired{}, nil, &InvalidError{saveguard.EmptyError(path)}
+	}
 	if err != nil {
-		var list config.ErrorList
-		if errors.As(err, &list) {
+		if invalid {
 			return nil, netcfg.Desired{}, nil, &InvalidError{err}
 		}
 		return nil, netcfg.Desired{}, nil, err
@@ -95,16 +102,28 @@ func usesRouting(d netcfg.Desired) bool {
 	return len(d.Route.Routes) > 0 || len(d.Route.Rules) > 0
 }
 
-// Validate checks the config at path and writes a one-line verdict to w.
+// Validate checks the config at path, and reads every file it names as
+// the daemon will (package filecheck), and writes a one-line verdict to w.
+// A file the daemon would fail on makes the config invalid, at the line
+// of the field naming it.
 func Validate(w io.Writer, o Options) error {
 	path := o.Config
 	c, _, err := Load(o)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%s: valid\n", path)
+	errs, warns := filecheck.Check(c, filecheck.Options{StateDir: o.StateDir})
+	if len(errs) == 0 {
+		fmt.Fprintf(w, "%s: valid\n", path)
+	}
 	for _, warn := range Warnings(c) {
 		fmt.Fprintf(w, "warning: %s\n", warn)
+	}
+	for _, warn := range warns {
+		fmt.Fprintf(w, "warning: %s\n", warn)
+	}
+	if len(errs) > 0 {
+		return &InvalidError{errs}
 	}
 	return nil
 }
@@ -140,7 +159,15 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	for _, e := range unreadable {
 		fmt.Fprintf(w, "! %v (not readable without root; that part is not planned)\n", e)
 	}
+	// The files the config names, at the lines naming them.
+	errs, warns := filecheck.Check(c, filecheck.Options{StateDir: o.StateDir})
+	for _, e := range errs {
+		fmt.Fprintf(w, "error: %s\n", e)
+	}
 	warnings := Warnings(c)
+	for _, warn := range warns {
+		warnings = append(warnings, warn.Error())
+	}
 	if usesRouting(d) {
 		warnings = append(warnings, NetworkdConflicts(DefaultNetworkdPaths())...)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/nft"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/filecheck"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -563,7 +564,8 @@ func listKeyOf(p config.PIA) (*rsa.PublicKey, error) {
 // cachedRegion judges a PIA region against the server list cached under
 // stateDir, for validate and plan: an unknown region is an error at its
 // line. With no cached list (a new node, or not readable without root)
-// nothing is judged; the daemon reports it when the list arrives.
+// nothing is judged here (filecheck says so); the daemon reports it when
+// the list arrives.
 func cachedRegion(stateDir string) func(config.PIA) string {
 	return func(p config.PIA) string {
 		key, err := listKeyOf(p)
@@ -577,7 +579,11 @@ func cachedRegion(stateDir string) func(config.PIA) string {
 		r, ok := l.Region(p.Region)
 		switch {
 		case !ok:
-			return fmt.Sprintf("%q is not a region of PIA's server list (cached %s); nodeagent plan lists none, see PIA's region ids", p.Region, at.UTC().Format("2006-01-02"))
+			hint := "nodeagent regions lists them"
+			if s := filecheck.SuggestRegion(l, p.Region); s != "" {
+				hint = "did you mean " + s + "? (" + hint + ")"
+			}
+			return fmt.Sprintf("%q is not a region of PIA's server list (cached %s); %s", p.Region, at.UTC().Format("2006-01-02"), hint)
 		case p.PortForward.Enabled && !r.PortForward:
 			return fmt.Sprintf("region %s has no port forwarding (PIA's server list, cached %s); choose another region or portForward: false", p.Region, at.UTC().Format("2006-01-02"))
 		}

@@ -205,17 +205,16 @@ func TestValidateAndPlanWithoutRoot(t *testing.T) {
 	for _, p := range []string{dir, filepath.Dir(bin)} {
 		os.Chmod(p, 0o755)
 	}
-	cfg := filepath.Join(dir, "nodeagent.yaml")
-	example, err := os.ReadFile("../../examples/homelab.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(cfg, example, 0o644)
+	cfg := exampleWithFiles(t, dir)
 	for _, args := range [][]string{{"validate"}, {"plan"}} {
 		line := fmt.Sprintf("%s %s -c %s --rt-tables ''", bin, args[0], cfg)
 		out, err := exec.Command("su", "nobody", "-s", "/bin/sh", "-c", line).CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s as nobody: %v\n%s", args[0], err, out)
+		}
+		// The key files are root's and private: not read, and said so.
+		if args[0] == "validate" && !strings.Contains(string(out), "wireguard[1].privateKeyFile: "+dir+"/etc/keys/wg0.key cannot be read: permission denied; not checked") {
+			t.Fatalf("validate as nobody:\n%s", out)
 		}
 		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "! wireguard wg-pia: private key:")) {
 			t.Fatalf("plan as nobody:\n%s", out)

@@ -19,13 +19,14 @@ func TestValidateExitCodes(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("vlans:\n  - name: enp1s0.50\n    parent: enp1s0\n    id: 4095\n    mtuu: 1500\n"), 0o600)
+	example := exampleWithFiles(t, dir)
 	tests := []struct {
 		args     []string
 		code     int
 		wantOut  string
 		wantErrs []string
 	}{
-		{[]string{"validate", "-c", "../../examples/homelab.yaml"}, 0, "../../examples/homelab.yaml: valid", nil},
+		{[]string{"validate", "-c", example}, 0, example + ": valid", nil},
 		{[]string{"validate", "-c", bad}, 1, "", []string{bad + ":4: vlans[0].id: 4095 is outside 1-4094", bad + `:5: vlans[0].mtuu: unknown field`}},
 		{[]string{"validate", "-c", filepath.Join(dir, "missing.yaml")}, 1, "", []string{"missing.yaml does not exist"}},
 		{[]string{"frobnicate"}, 2, "", []string{`unknown command "frobnicate"`}},

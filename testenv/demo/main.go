@@ -296,7 +296,13 @@ firewall:
 	d.socket = filepath.Join(d.dir, "nodeagent.sock")
 	d.note("node, LAN (a NAS, and a host on VLAN 50 beyond the trunk), WAN, PIA (a stand-in with real WireGuard servers), its internet, two remote clients")
 	out, err := exec.CommandContext(d.ctx, d.bin, "validate", "-c", d.cfg, "--state-dir", filepath.Join(d.dir, "state")).CombinedOutput()
-	d.check(err == nil && !strings.Contains(string(out), "warning:"), "nodeagent validate: "+strings.TrimSpace(string(out)))
+	// No warning, but that the PIA region cannot be checked yet: the
+	// daemon has not fetched the server list.
+	warned := false
+	for _, l := range strings.Split(string(out), "\n") {
+		warned = warned || strings.HasPrefix(l, "warning:") && !strings.Contains(l, ".pia.region: \"stub_ams\" cannot be checked")
+	}
+	d.check(err == nil && !warned, "nodeagent validate: "+strings.TrimSpace(string(out)))
 }
 
 // listenPod is the pod's service (a torrent client's port): a TCP
