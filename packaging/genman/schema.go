@@ -170,7 +170,9 @@ func fieldDoc(goName, key, text string) string {
 	if rest, ok := strings.CutPrefix(text, goName+" "); ok {
 		return key + " " + rest
 	}
-	return upperFirst(text)
+	// Left as written: a comment that starts with a value (an enum's
+	// "bridge") must keep the spelling the validator accepts.
+	return text
 }
 
 func upperFirst(s string) string {
