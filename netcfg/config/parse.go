@@ -279,8 +279,9 @@ type positions map[string]int
 type decoder struct {
 	file string
 	pos  positions
-	// bad holds the paths whose value could not be decoded; validation
-	// stays quiet about them so one typo is reported once.
+	// bad holds the paths whose value could not be decoded, and unknown
+	// keys; validation stays quiet about them so one typo is reported
+	// once, and checks across sections hold back while there are any.
 	bad    map[string]bool
 	errs   ErrorList
 	budget int
@@ -451,6 +452,7 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 			if s := suggest(kv.key.Value, fieldNames(v.Type())); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
 			}
+			d.bad[p] = true
 			d.errorf(kv.key, p, "%s", msg)
 			continue
 		}

@@ -13,9 +13,21 @@ import (
 // kill-switch table with a route by the device). Anywhere else, replies
 // to the forwarded port would not leave by the tunnel, and DNS sent to
 // PIA's resolver would leave by the uplink in plaintext.
+//
+// The check follows from the rest of the file, so it holds back while the
+// file has a root cause to fix first: a key or value that did not decode
+// (killswitch: for killSwitch, routng: for routing) or an error in the
+// routing or in the device's name or pia section. Otherwise it would
+// report the consequence above its cause, which sits further down.
 func (v *validator) piaRouting(c *Config) {
+	if len(v.bad) > 0 || v.failedUnder("routing") {
+		return
+	}
 	for i, w := range c.WireGuard {
 		if w.PIA == nil {
+			continue
+		}
+		if wp := indexPath("wireguard", i); v.failedUnder(fieldPath(wp, "name")) || v.failedUnder(fieldPath(wp, "pia")) {
 			continue
 		}
 		tables := map[int]bool{}
@@ -54,4 +66,14 @@ func (v *validator) piaRouting(c *Config) {
 			}
 		}
 	}
+}
+
+// failedUnder reports whether an error has been recorded at path or below.
+func (v *validator) failedUnder(path string) bool {
+	for _, e := range v.errs {
+		if e.Field == path || strings.HasPrefix(e.Field, path+".") || strings.HasPrefix(e.Field, path+"[") {
+			return true
+		}
+	}
+	return false
 }
