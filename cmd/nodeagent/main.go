@@ -40,6 +40,7 @@ Usage:
   nodeagent validate [-c FILE]       check the config; exit 1 with every error as file:line: field: reason
   nodeagent plan [-c FILE]           print what would change (+ add, ~ change, - remove, ! cannot);
                                      writes nothing and needs no root
+  nodeagent regions [-c FILE]        list the cached PIA server list's region ids, port forwarding marked
   nodeagent apply --once [-c FILE]   converge once; exit 1 naming every object that failed
   nodeagent teardown [--force]       remove exactly what nodeagent owns (marked links and addresses,
                                      its nftables tables, rules, routes, WireGuard devices) and
@@ -170,6 +171,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		work = func(context.Context) error { return agent.Validate(stdout, opts) }
 	case "plan":
 		work = func(ctx context.Context) error { return agent.Plan(ctx, stdout, opts) }
+	case "regions":
+		work = func(context.Context) error { return agent.Regions(stdout, opts) }
 	case "apply":
 		if !*once {
 			fmt.Fprintln(stderr, "nodeagent: apply needs --once (the long-running daemon is nodeagent run)")
