@@ -22,11 +22,16 @@ func suggest(got string, candidates []string) string {
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b, in bytes.
+// editDistance is the optimal string alignment distance between a and b,
+// in bytes: insertions, deletions, substitutions and swaps of two adjacent
+// bytes, each one edit, so "tabel" is one edit from "table" (Levenshtein
+// counts two, too many for a five-letter word).
 func editDistance(a, b string) int {
 	if len(a) > 64 || len(b) > 64 {
 		return max(len(a), len(b)) // not a typo of a field name; skip the work
 	}
+	// Three rows: the one before last, for swaps.
+	prev2 := make([]int, len(b)+1)
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
@@ -40,8 +45,11 @@ func editDistance(a, b string) int {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
+		prev2, prev, cur = prev, cur, prev2
 	}
 	return prev[len(b)]
 }
