@@ -94,6 +94,9 @@ type Daemon struct {
 	// waits follows the objects that wait for a link the config does not
 	// create, and since when.
 	waits waiting.Tracker
+	// held is the sum of the config file last held (saveguard), so that
+	// its WARN line is logged once, not at every resync.
+	held  [32]byte
 	want  atomic.Pointer[interest]
 	files *fileWatch
 	// alive is the last time the loop went round, for /healthz.
@@ -215,7 +218,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	// The first load publishes the config's warnings into the status.
 	d.status = api.Status{Version: o.Version, ConfigFile: o.Config, Started: time.Now().UTC(), Conditions: []api.Condition{}}
 	d.staging = true
-	err := d.load(false)
+	err := d.load(trigStart)
 	d.staging = false
 	if err != nil {
 		finishStager(d.stager, d.log)

@@ -232,7 +232,10 @@ func watchNftables(ctx context.Context, h *host.Host, kick func(trigger)) error 
 type fileWatch struct {
 	w      *fsnotify.Watcher
 	config string
-	dirs   atomic.Pointer[map[string]bool]
+	// whole, while on, reads the config file only once it is whole (see
+	// configWrites); its events here then only move gen.
+	whole *configWrites
+	dirs  atomic.Pointer[map[string]bool]
 
 	// changed are the register files events named since the loop last
 	// took them (trigPeers).
@@ -278,6 +281,10 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 		return nil, err
 	}
 	fw := &fileWatch{w: w, config: filepath.Clean(config)}
+	fw.whole, err = watchConfigWrites(ctx, fw.config, func() { kick(trigConfig) })
+	if err != nil {
+		log.Warn("config watch: the config is read on every write, not only once it is whole", "err", err)
+	}
 	empty := map[string]bool{}
 	fw.dirs.Store(&empty)
 	go func() {
@@ -297,6 +304,7 @@ func watchFiles(ctx context.Context, config string, kick func(trigger), log *slo
 				name := filepath.Clean(ev.Name)
 				dirs := *fw.dirs.Load()
 				switch {
+				case name == fw.config && fw.whole.on.Load():
 				case name == fw.config || dirs[name]:
 					kick(trigConfig)
 				case dirs[filepath.Dir(name)]:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/kube"
+	"github.com/nodeagent/nodeagent/agent/saveguard"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
@@ -27,11 +28,31 @@ import (
 //
 // A resync may keep the desired state without reading more than the
 // config itself (quietBase says when).
-func (d *Daemon) load(resync bool) error {
-	r, err := d.read(resync)
+//
+// A change that takes away wholesale (saveguard.Risks: every object, or
+// every one of a kind, or a kill switch) is applied only when an operator
+// asked for the reload (nodeagentctl reload, SIGHUP), and then with a WARN
+// line; a file event or a resync that finds one returns a *HeldError and
+// changes nothing.
+func (d *Daemon) load(why trigger) error {
+	if why == trigResync && d.files != nil && d.files.whole.Writing() {
+		// A writer has the file open: it is read once closed (the
+		// watch kicks then), never half-way.
+		return errWriting
+	}
+	r, err := d.read(why == trigResync)
 	if err != nil {
 		return err
 	}
+	if !r.quiet && d.cfg != nil {
+		if risks := saveguard.Risks(d.cfg, r.cfg); len(risks) > 0 {
+			if why != trigSignal && why != trigAPI {
+				return &HeldError{Sum: sha256.Sum256(r.raw), Risks: risks}
+			}
+			d.log.Warn("applying a config change that takes away wholesale, as an operator's reload asked", "file", d.o.Config, "trigger", why.String(), "change", saveguard.Summary(risks))
+		}
+	}
+	d.held = [32]byte{}
 	if d.onLoad != nil {
 		defer func() { d.onLoad(r.quiet) }()
 	}
@@ -214,14 +235,24 @@ func (d *Daemon) reload(why trigger) {
 		}()
 	}
 	old := d.hash
-	err := d.load(why == trigResync)
+	err := d.load(why)
 	if why != trigResync {
 		// An operator's reload retries what waits for its backoff (the
 		// credentials may be fixed now).
 		d.kickPIA()
 	}
 	var invalid *InvalidError
+	var held *HeldError
 	switch {
+	case errors.Is(err, errWriting):
+	case errors.As(err, &held):
+		msg := fmt.Sprintf("%s changed, and the change is held (running config %s): %s; nodeagentctl reload or SIGHUP applies it", d.o.Config, old, saveguard.Summary(held.Risks))
+		if held.Sum != d.held {
+			d.held = held.Sum
+			d.log.Warn("config change held; the running config stays until an operator's reload applies it", "file", d.o.Config, "change", saveguard.Summary(held.Risks), "apply", "nodeagentctl reload, or systemctl reload nodeagent")
+		}
+		d.setCondition(api.CondConfigLoaded, api.False, "Held", msg)
+		d.refreshHealth()
 	case errors.As(err, &invalid):
 		lines := capLines(errorLines(invalid.Err), maxRejectedLines, "nodeagent validate -c "+d.o.Config+" lists the rest")
 		d.log.Error("config rejected; the running config stays", "file", d.o.Config, "errors", strings.Join(lines, "; "))
@@ -247,6 +278,22 @@ func (d *Daemon) reload(why trigger) {
 			d.files.set(d.peerDirs(), d.keyFiles(), d.log)
 		}
 	}
+}
+
+// errWriting: the config file is being written; a resync leaves it, and
+// the verdict on the last read, as they are.
+var errWriting = errors.New("the config file is being written")
+
+// HeldError is a config change a file event or a resync found and did not
+// apply: it takes away wholesale (Risks), which only an operator's reload
+// does. Sum is the held file's, so that it is logged once.
+type HeldError struct {
+	Sum   [32]byte
+	Risks []string
+}
+
+func (e *HeldError) Error() string {
+	return "config change held until an operator's reload: " + saveguard.Summary(e.Risks)
 }
 
 // errorLines lists a rejected config's problems, one per line: each
