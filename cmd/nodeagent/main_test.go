@@ -29,6 +29,7 @@ func TestValidateExitCodes(t *testing.T) {
 		{[]string{"validate", "-c", example}, 0, example + ": valid", nil},
 		{[]string{"validate", "-c", bad}, 1, "", []string{bad + ":4: vlans[0].id: 4095 is outside 1-4094", bad + `:5: vlans[0].mtuu: unknown field`}},
 		{[]string{"validate", "-c", filepath.Join(dir, "missing.yaml")}, 1, "", []string{"missing.yaml does not exist"}},
+		{[]string{"regions", "--state-dir", filepath.Join(dir, "state")}, 1, "", []string{"no PIA server list is cached under " + filepath.Join(dir, "state", "pia")}},
 		{[]string{"frobnicate"}, 2, "", []string{`unknown command "frobnicate"`}},
 		{[]string{"apply"}, 2, "", []string{"apply needs --once"}},
 		{[]string{"--help"}, 0, "nodeagent apply --once", nil},
@@ -118,7 +119,7 @@ func TestManPageCoversUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := strings.ReplaceAll(string(man), `\-`, "-")
-	for _, word := range []string{"run", "validate", "plan", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
+	for _, word := range []string{"run", "validate", "plan", "regions", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
 		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync", "--log-level", "NODEAGENT_LOG_LEVEL",
 		"--lock", "NODEAGENT_LOCK", agent.DefaultLock} {
 		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket), word) {
