@@ -19,7 +19,9 @@ import (
 // TestValidatePIARegionFromCachedList: with a server list cached under
 // the state directory, validate names an unknown region (and a region
 // without port forwarding when it is asked for) at its line; without one
-// it cannot judge and says nothing. A PIA device needs no privateKeyFile.
+// it cannot judge, and the config is valid (with a warning saying so:
+// TestValidateReadsTheFilesTheConfigNames). A PIA device needs no
+// privateKeyFile.
 func TestValidatePIARegionFromCachedList(t *testing.T) {
 	dir := t.TempDir()
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
