@@ -3,7 +3,10 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 
-GO      ?= go
+# sudo's secure_path drops /usr/local/go/bin, where go.dev's tarball puts Go:
+# look there when PATH has no go, and let what the tests run find it too.
+GO      ?= $(shell command -v go || echo /usr/local/go/bin/go)
+export PATH := $(PATH):/usr/local/go/bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 LOGDIR  := .cache/test
