@@ -136,6 +136,11 @@ check rt-tables-name grep -q vlan50-egress /etc/iproute2/rt_tables.d/nodeagent.c
 check masquerade sh -c 'nft list table inet nodeagent | grep -q masquerade'
 check sysctl test "$(cat /proc/sys/net/ipv4/ip_forward)" = 1
 check journal sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -q "msg="'
+# Under the journal: a start-up line with version and config, one when the
+# node is ready, and no time= of our own (the journal stamps each line).
+check journal-startup-line sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -q "msg=starting version=.* config=/etc/nodeagent/nodeagent.yaml"'
+check journal-ready-line sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -q "msg=\"node ready\""'
+check journal-no-own-time sh -c '! journalctl -u nodeagent --no-pager -o cat | grep -E "time=|^<[0-9]>"'
 journalctl -u nodeagent --no-pager -o cat | head -40 | sed 's/^/    journal: /'
 # ProtectKernelModules=yes: the daemon cannot load modules itself, but the
 # kernel autoloads what its netlink requests need.
@@ -156,6 +161,12 @@ sleep 1
 check active-after-broken is active
 check running-config-stays ip link show trunk0.51
 check rejection-in-status sh -c 'nodeagentctl status -o json | grep -q lastRejected'
+# The rejection is logged at a priority journalctl -p warning shows; the
+# INFO lines around it are not.
+check rejection-at-warning sh -c 'journalctl -u nodeagent -p warning --no-pager -o cat | grep "config rejected"'
+check info-below-warning sh -c '! journalctl -u nodeagent -p warning --no-pager -o cat | grep -E "msg=\"(config loaded|node ready)\""'
+check info-at-info sh -c 'journalctl -u nodeagent -p info..info --no-pager -o cat | grep -q "msg=\"node ready\""'
+check journal-no-own-time sh -c '! journalctl -u nodeagent --no-pager -o cat | grep -E "time=|^<[0-9]>"'
 config "  - {name: trunk0.51, parent: trunk0, id: 51}" | write_config
 check reload-fixed systemctl reload nodeagent
 check ready-again wait_for 20 nodeagentctl status
@@ -179,7 +190,31 @@ check watchdog-fired sh -c 'journalctl -u nodeagent --no-pager -o cat | grep -i 
 check ready-again wait_for 30 nodeagentctl status
 check vlan-ifindex-unchanged test "$(ifindex trunk0.50)" = "$vlan_idx"
 
-# --- 6. PIA: registers against the stub, survives a restart -------------
+# --- 6. metrics: NODEAGENT_METRICS from /etc/default/nodeagent ------------
+begin metrics
+# scrape: GET /metrics over bash's /dev/tcp (the VM has no curl).
+scrape() {
+	exec 3<>/dev/tcp/127.0.0.1/9477 || return 1
+	printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+	cat <&3
+	exec 3<&-
+}
+export -f scrape
+check default-file-conffile grep -q /etc/default/nodeagent /var/lib/dpkg/info/nodeagent.conffiles
+check default-file-inert sh -c '! grep -v "^#" /etc/default/nodeagent | grep -q .'
+check off-by-default sh -c '! ss -Hltn "sport = :9477" | grep -q .'
+echo 'NODEAGENT_METRICS=127.0.0.1:9477' >> /etc/default/nodeagent
+check restart systemctl restart nodeagent
+check active-after-restart is active
+check listening wait_for 20 sh -c 'ss -Hltn "sport = :9477" | grep -q 127.0.0.1:9477'
+check answers wait_for 20 bash -c "scrape > /root/metrics.out; grep -q '^HTTP/1.[01] 200' /root/metrics.out && grep -q '^nodeagent_ready 1' /root/metrics.out"
+# wg0 is a remote-access device whose peers are all offline: peers, none
+# live, and no tunnel health to read as down.
+check wg0-peers grep -E '^nodeagent_wireguard_peers\{device="wg0"\} [1-9]' /root/metrics.out
+check wg0-idle-no-tunnel-health sh -c '! grep "^nodeagent_tunnel_healthy" /root/metrics.out'
+check ready-again wait_for 30 nodeagentctl status
+
+# --- 7. PIA: registers against the stub, survives a restart -------------
 begin pia
 # The stub (testenv/piastub/cmd/piastub) runs in namespaces of its own,
 # linked to this one; it writes the files a config trusts it by.
@@ -204,6 +239,7 @@ check reload systemctl reload nodeagent
 check healthy wait_for 60 pia_healthy
 check status-table sh -c 'nodeagentctl status | grep -A3 "^PIA wg-pia: healthy"'
 check one-addkey test "$(addkeys)" = 1
+check tunnel-healthy-metric bash -c "scrape | grep -E '^nodeagent_tunnel_healthy\{device=\"wg-pia\",kind=\"pia\"\} 1'"
 check wg-kernel sh -c 'ip -d link show wg-pia | grep -q wireguard'
 check handshake sh -c 'wg show wg-pia latest-handshakes | awk "{exit !(\$2 > 0)}"'
 check state-dir-0700 test "$(stat -c %a /var/lib/nodeagent)" = 700
@@ -220,14 +256,14 @@ journalctl -u nodeagent --no-pager -o cat | grep -i 'subsystem=pia' | tail -8 | 
 check no-token-in-journal sh -c '! journalctl -u nodeagent --no-pager -o cat | grep -qE "[0-9a-f]{128}"'
 kill "$stub_pid"; wait "$stub_pid"
 
-# --- 7. systemd-analyze security -------------------------------------------
+# --- 8. systemd-analyze security -------------------------------------------
 begin security
 systemd-analyze security --no-pager nodeagent.service | sed 's/^/    /'
 score=$(systemd-analyze security --no-pager nodeagent.service | grep -o 'Overall exposure level for nodeagent.service: [0-9.]* [A-Z]*')
 echo "@@deb:score ${score##*: }@@"
 check printed test -n "$score"
 
-# --- 8. purge -------------------------------------------------------------
+# --- 9. purge -------------------------------------------------------------
 begin purge
 check purge sh -c 'dpkg --purge nodeagent > /root/purge.out 2>&1; rc=$?; cat /root/purge.out; exit $rc'
 check stopped sh -c '! systemctl is-active --quiet nodeagent'
