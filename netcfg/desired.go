@@ -210,7 +210,7 @@ func convertRule(r config.Rule) ([]route.Rule, error) {
 	if r.FwMark != "" {
 		m, k, err := config.ParseFwMark(r.FwMark)
 		if err != nil {
-			return nil, fmt.Errorf("fwmark: %w", err)
+			return nil, fmt.Errorf("fwMark: %w", err)
 		}
 		base.HasMark, base.Mark, base.Mask = true, m, k
 	}

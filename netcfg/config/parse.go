@@ -91,6 +91,7 @@ func ParseWith(file string, data []byte, opts Options) (*Config, error) {
 	if root != nil {
 		d.decode(root, reflect.ValueOf(c).Elem(), "")
 	}
+	d.resolveTableNames(c)
 	applyDefaults(c, d.pos)
 	c.Lines = Lines(d.pos)
 	v := d.validator(opts)
@@ -291,6 +292,55 @@ type decoder struct {
 	// others than root; scalars are described quoted, so that redactErrors
 	// can tell which of them may be shown.
 	redact bool
+	// tableNames are the rules' tables written as names, resolved to ids
+	// once the whole document (and so every table's name) is decoded.
+	tableNames []tableName
+}
+
+// tableName is a rule's table given by name: where it was written, and the
+// field that gets the table's id.
+type tableName struct {
+	node *yaml.Node
+	path string
+	v    reflect.Value
+}
+
+// isRuleTable reports whether path is a rule's table
+// (routing.rules[N].table), which takes a table's name as well as its id.
+func isRuleTable(path string) bool {
+	rest, ok := strings.CutPrefix(path, "routing.rules[")
+	return ok && strings.HasSuffix(rest, "].table") && !strings.ContainsAny(strings.TrimSuffix(rest, "].table"), ".[]")
+}
+
+// reservedTableIDs are the tables a rule may name without declaring them.
+var reservedTableIDs = map[string]int{"main": 254, "default": 253, "local": 255}
+
+// resolveTableNames sets each rule table written as a name to the id of
+// the table of that name: one in routing.tables, or main, default or local.
+func (d *decoder) resolveTableNames(c *Config) {
+	for _, tn := range d.tableNames {
+		name := tn.node.Value
+		id, ok := reservedTableIDs[name]
+		var names []string
+		for _, t := range c.Routing.Tables {
+			if t.Name == "" {
+				continue
+			}
+			if t.Name == name && !ok {
+				id, ok = t.ID, true
+			}
+			names = append(names, t.Name)
+		}
+		if ok {
+			tn.v.SetInt(int64(id))
+			continue
+		}
+		msg := fmt.Sprintf("no table is named %q; use the id or name of a table in routing.tables, or main, default or local", name)
+		if s := suggest(name, append(names, "main", "default", "local")); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		d.fail(tn.node, tn.path, "%s", msg)
+	}
 }
 
 func (d *decoder) errorf(n *yaml.Node, path, format string, args ...any) {
@@ -379,6 +429,14 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 }
 
 func (d *decoder) decodeInt(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" && isRuleTable(path) {
+		if id, err := strconv.ParseInt(n.Value, 10, 64); err == nil && !v.OverflowInt(id) {
+			v.SetInt(id) // "150": an id, quoted
+			return
+		}
+		d.tableNames = append(d.tableNames, tableName{n, path, v})
+		return
+	}
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
 		d.fail(n, path, "expected an integer, got %s", d.describe(n))
 		return
@@ -445,8 +503,17 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 	}
 	fields := yamlFields(v.Type())
 	for _, kv := range d.pairs(n, path) {
-		p := fieldPath(path, kv.key.Value)
-		idx, ok := fields[kv.key.Value]
+		key := kv.key.Value
+		if nk, old := oldKeys[v.Type()][key]; old {
+			// The old spelling reads as the new one, unless both are set.
+			if k := keyNode(n, nk); k != nil {
+				d.errorf(kv.key, fieldPath(path, nk), "duplicate key: %s is the old spelling of %s, which is set on line %d", key, nk, k.Line)
+				continue
+			}
+			key = nk
+		}
+		p := fieldPath(path, key)
+		idx, ok := fields[key]
 		if !ok {
 			msg := "unknown field"
 			if s := suggest(kv.key.Value, fieldNames(v.Type())); s != "" {
@@ -463,6 +530,23 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 		}
 		d.decode(kv.value, v.Field(idx), p)
 	}
+}
+
+// oldKeys are keys that earlier versions spelt differently, by the struct
+// they belong to: the old spelling is still read, as the new one, and only
+// the new one is documented.
+var oldKeys = map[reflect.Type]map[string]string{
+	reflect.TypeFor[Rule](): {"fwmark": "fwMark"},
+}
+
+// keyNode returns the key node of mapping n written as key, or nil.
+func keyNode(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.Kind == yaml.ScalarNode && k.Value == key {
+			return k
+		}
+	}
+	return nil
 }
 
 type pair struct{ key, value *yaml.Node }

@@ -193,7 +193,7 @@ func TestParseInvalid(t *testing.T) {
 		{"rule priority missing", "routing:\n  rules:\n    - table: 254\n",
 			`nodeagent.yaml:3: routing.rules[0].priority: required`},
 		{"bad fwmark", "routing:\n  rules:\n    - {priority: 10, fwmark: 0xzz, table: 254}\n",
-			`nodeagent.yaml:3: routing.rules[0].fwmark: invalid fwmark "0xzz": use 0x10, 0x10/0xff or a decimal number`},
+			`nodeagent.yaml:3: routing.rules[0].fwMark: invalid fwMark "0xzz": use 0x10, 0x10/0xff or a decimal number`},
 		{"bad rule action", "routing:\n  rules:\n    - {priority: 10, action: drop}\n",
 			`nodeagent.yaml:3: routing.rules[0].action: "drop" is not one of table, unreachable, blackhole, prohibit`},
 		{"rule from with host bits", "routing:\n  rules:\n    - {priority: 10, from: 10.10.50.1/24, table: 254}\n",
@@ -600,7 +600,7 @@ func TestParseValid(t *testing.T) {
 		{"rule selectors", `routing:
   rules:
     - {priority: 1, from: all, to: "fd00::/8", table: 254}
-    - {priority: 2, fwmark: 0x10/0xff, table: 253}
+    - {priority: 2, fwMark: 0x10/0xff, table: 253}
     - {priority: 3, fwmark: "16", action: unreachable}
     - {priority: 4, iif: wg0, suppressPrefixLength: 0, table: 254}
 `},

@@ -127,7 +127,7 @@ func ParseFwMark(s string) (mark, mask uint32, err error) {
 		mask = 0xffffffff
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("invalid fwmark %q: use 0x10, 0x10/0xff or a decimal number", s)
+		return 0, 0, fmt.Errorf("invalid fwMark %q: use 0x10, 0x10/0xff or a decimal number", s)
 	}
 	return mark, mask, nil
 }

@@ -357,10 +357,11 @@ type Rule struct {
 	// FwMark matches the firewall mark: a number (16), hex (0x10), and an
 	// optional mask (0x10/0xff). Default: any mark; without a mask,
 	// 0xffffffff.
-	FwMark string `yaml:"fwmark"`
+	FwMark string `yaml:"fwMark"`
 	// Table is the table a matching packet is looked up in: one declared in
-	// routing.tables, or main (254), default (253) or local (255). Required
-	// for the action table; the other actions take none.
+	// routing.tables, by its id or its name, or main (254), default (253) or
+	// local (255), by number or name. Required for the action table; the
+	// other actions take none.
 	Table int `yaml:"table"`
 	// SuppressPrefixLength is a prefix length, 0-128: a result of the
 	// table whose prefix length is this or shorter is ignored (0 ignores

@@ -714,7 +714,7 @@ func (v *validator) rule(p string, r Rule, tables map[int]string, prios map[int]
 	v.ifName(fieldPath(p, "oif"), r.OIF)
 	if r.FwMark != "" {
 		if _, _, err := ParseFwMark(r.FwMark); err != nil {
-			v.errorf(fieldPath(p, "fwmark"), "%v", err)
+			v.errorf(fieldPath(p, "fwMark"), "%v", err)
 		}
 	}
 	if r.SuppressPrefixLength != nil {
