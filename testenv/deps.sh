@@ -4,14 +4,18 @@
 # are present. Go modules are fetched by go itself. Run as root.
 set -euo pipefail
 what=${1:-test}
+# What the demo uses; the tests use more. The demo installs nothing it does
+# not run (the prometheus package's server would start now and at every
+# boot).
 pkgs=(
-  iproute2 nftables wireguard-tools iputils-ping tcpdump   # observing the kernel
-  prometheus                                              # promtool and the server (monitoring)
+  iproute2 nftables wireguard-tools iputils-ping          # observing the kernel
   kmod                                                    # modprobe
   containernetworking-plugins                             # the macvlan CNI plugin that attaches pods (demo, tests)
 )
 if [ "$what" = test ]; then
   pkgs+=(
+    tcpdump                                   # watching for leaks
+    prometheus                                # promtool and the server (monitoring tests)
     qemu-system-x86 busybox-static xz-utils   # the VM tier (testenv/vm)
     mmdebstrap lintian                        # the package tier
     etcd-server                               # the Kubernetes tier

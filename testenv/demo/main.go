@@ -551,7 +551,21 @@ func (d *demo) reachNAS(ns *testenv.NetNS) bool {
 	return ok
 }
 
-// handshakes are wg0's peers' last handshakes, as wg(8) shows them.
+// ago shows a handshake time that wg(8) printed as seconds since the epoch
+// as its age: "never" for 0.
+func ago(epoch string) string {
+	s, err := strconv.ParseInt(epoch, 10, 64)
+	switch {
+	case err != nil:
+		return epoch
+	case s == 0:
+		return "never"
+	}
+	return time.Since(time.Unix(s, 0)).Round(time.Second).String() + " ago"
+}
+
+// handshakes are wg0's peers' last handshakes, as wg(8) shows them
+// (seconds since the epoch).
 func (d *demo) handshakes() map[string]string {
 	out, _ := d.try(d.node, "wg", "show", d.wg0, "latest-handshakes")
 	m := map[string]string{}
@@ -577,7 +591,7 @@ func (d *demo) remoteAccess() {
 	d.client(d.laptop, "wgc-laptop", "10.90.0.3", d.laptopKey)
 	d.check(d.reachNAS(d.laptop), "the laptop dials in and pings the NAS")
 	after := d.handshakes()[d.phoneKey.PublicKey().String()]
-	d.check(before != "" && before != "0" && d.reachNAS(d.phone), "the phone's session went on untouched (its last handshake "+before+" → "+after+", pings still answered)")
+	d.check(before != "" && before != "0" && d.reachNAS(d.phone), "the phone's session went on untouched (its last handshake "+ago(before)+" → "+ago(after)+", pings still answered)")
 }
 
 func (d *demo) operations() {
