@@ -22,6 +22,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
+	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 )
 
@@ -44,12 +45,12 @@ func Check(c *config.Config, o Options) (errs, warns config.ErrorList) {
 		p := fmt.Sprintf("wireguard[%d]", i)
 		if w.PrivateKeyFile != "" {
 			_, err := wg.ReadPrivateKeyFile(w.PrivateKeyFile)
-			k.read(p+".privateKeyFile", err)
+			k.readRoots(p+".privateKeyFile", w.PrivateKeyFile, err)
 		}
 		for j, peer := range w.Peers {
 			if peer.PresharedKeyFile != "" {
 				_, err := wg.ReadKeyFile(peer.PresharedKeyFile)
-				k.read(fmt.Sprintf("%s.peers[%d].presharedKeyFile", p, j), err)
+				k.readRoots(fmt.Sprintf("%s.peers[%d].presharedKeyFile", p, j), peer.PresharedKeyFile, err)
 			}
 		}
 		if w.PeersDir != "" {
@@ -96,6 +97,20 @@ func (k *checker) read(field string, err error) {
 	}
 }
 
+// readRoots is read for a file the daemon reads only when root owns it
+// (keys and credentials). The readers accept a file of the user they run
+// as, too: run as another user, validate holds the file to what the
+// daemon, run as root, accepts.
+func (k *checker) readRoots(field, path string, err error) {
+	if err == nil && !k.root {
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) == nil && st.Uid != 0 {
+			err = fmt.Errorf("%s is owned by uid %d, not root; the daemon, which runs as root, refuses it (chown root it)", path, st.Uid)
+		}
+	}
+	k.read(field, err)
+}
+
 // peersDir: a register directory that does not exist is an empty register
 // to the daemon; one it cannot open keeps the peers it had.
 func (k *checker) peersDir(field, dir string) {
@@ -115,7 +130,7 @@ func (k *checker) peersDir(field, dir string) {
 func (k *checker) pia(p string, s config.PIA, o Options) {
 	if s.CredentialsFile != "" {
 		_, err := pia.ReadCreds(s.CredentialsFile)
-		k.read(p+".credentialsFile", err)
+		k.readRoots(p+".credentialsFile", s.CredentialsFile, err)
 	}
 	for _, f := range []struct{ name, path string }{{"caFile", s.CAFile}, {"webCAFile", s.WebCAFile}} {
 		if f.path != "" {

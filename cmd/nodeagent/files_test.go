@@ -4,9 +4,14 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"os"
+	"os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/nodeagent/nodeagent/testenv"
 )
 
 // exampleWithFiles writes examples/homelab.yaml into dir with the files it
@@ -38,4 +43,43 @@ func exampleWithFiles(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// TestValidateAsUserHoldsKeysToRoot: validate run by a user other than
+// root reads a key file that user owns, which the daemon (root) refuses:
+// validate refuses it too, at its line, rather than call the config
+// valid.
+func TestValidateAsUserHoldsKeysToRoot(t *testing.T) {
+	testenv.RequireRoot(t) // to become nobody
+	if _, err := exec.LookPath("su"); err != nil {
+		t.Skip("needs su to run as nobody")
+	}
+	bin := binary(t)
+	dir, err := os.MkdirTemp("", "nodeagent-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, p := range []string{dir, filepath.Dir(bin)} {
+		os.Chmod(p, 0o755)
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip(err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	key := filepath.Join(dir, "wg0.key")
+	k := make([]byte, 32)
+	rand.Read(k)
+	os.WriteFile(key, []byte(base64.StdEncoding.EncodeToString(k)+"\n"), 0o600)
+	if err := os.Chown(key, uid, -1); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	os.WriteFile(cfg, []byte("wireguard:\n  - name: wg0\n    privateKeyFile: "+key+"\n    listenPort: 51820\n"), 0o644)
+	out, err := exec.Command("su", "nobody", "-s", "/bin/sh", "-c", bin+" validate -c "+cfg+" --state-dir "+dir+"/state").CombinedOutput()
+	want := cfg + ":3: wireguard[0].privateKeyFile: " + key + " is owned by uid " + nobody.Uid + ", not root; the daemon, which runs as root, refuses it"
+	if err == nil || !strings.Contains(string(out), want) {
+		t.Fatalf("validate as nobody of a key nobody owns: %v\n%s\nwant %q", err, out, want)
+	}
 }
