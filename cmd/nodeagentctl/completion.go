@@ -92,7 +92,7 @@ _nodeagentctl() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         w="${COMP_WORDS[i]}"
         case "$w" in
-        status|plan|reload|peers|port|wait|completion|version)
+        status|plan|reload|peers|port|wait|completion|version|help)
             cmd="$w"
             break
             ;;
@@ -105,6 +105,7 @@ _nodeagentctl() {
     fi
     if [[ "$cur" == -* ]]; then
         local flags="--socket --help -h"
+        [[ -z "$cmd" ]] && flags="$flags --version"
         case "$cmd" in
         status|peers) flags="$flags --output -o" ;;
         wait) flags="$flags --for --timeout" ;;
@@ -113,7 +114,7 @@ _nodeagentctl() {
         return
     fi
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "status plan reload peers port wait completion version" -- "$cur"))
+        COMPREPLY=($(compgen -W "status plan reload peers port wait completion version help" -- "$cur"))
     fi
 }
 
@@ -138,6 +139,7 @@ _nodeagentctl() {
     common=(
         '--socket=[the daemon socket]:socket:_files'
         '(- *)'{-h,--help}'[print the usage]'
+        '(- *)--version[print the version]'
     )
     output=(
         '(-o --output)'{-o+,--output=}'[output format]:format:(table json)'
@@ -155,6 +157,7 @@ _nodeagentctl() {
         'wait:wait until the node is ready or a condition holds'
         'completion:print a shell completion script'
         'version:print the version'
+        'help:print the usage'
     )
     # Before the command any flag may come; after it, the command's own.
     _arguments -C $common $output $waiting '1:command:->command' '*::arg:->args' && ret=0

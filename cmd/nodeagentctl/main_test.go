@@ -724,7 +724,8 @@ func TestBashCompletion(t *testing.T) {
 		words []string // the last is the word being completed
 		want  string
 	}{
-		{[]string{""}, "status plan reload peers port wait completion version"},
+		{[]string{""}, "status plan reload peers port wait completion version help"},
+		{[]string{"--v"}, "--version"},
 		{[]string{"st"}, "status"},
 		{[]string{"status", "-o", ""}, "table json"},
 		{[]string{"status", "--output", "="}, "table json"},
