@@ -519,7 +519,8 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 			if s := suggest(kv.key.Value, fieldNames(v.Type())); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
 			}
-			d.bad[p] = true
+			// Not marked bad: a file of a million unknown keys must not
+			// make a map of a million paths (the error list is capped).
 			d.errorf(kv.key, p, "%s", msg)
 			continue
 		}

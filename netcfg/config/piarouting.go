@@ -20,7 +20,7 @@ import (
 // routing or in the device's name or pia section. Otherwise it would
 // report the consequence above its cause, which sits further down.
 func (v *validator) piaRouting(c *Config) {
-	if len(v.bad) > 0 || v.failedUnder("routing") {
+	if len(v.bad) > 0 || v.unknownField() || v.failedUnder("routing") {
 		return
 	}
 	for i, w := range c.WireGuard {
@@ -72,6 +72,17 @@ func (v *validator) piaRouting(c *Config) {
 func (v *validator) failedUnder(path string) bool {
 	for _, e := range v.errs {
 		if e.Field == path || strings.HasPrefix(e.Field, path+".") || strings.HasPrefix(e.Field, path+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+// unknownField reports whether an unknown key was found (the error list
+// holds it; it is capped, and a capped list has other errors to fix first).
+func (v *validator) unknownField() bool {
+	for _, e := range v.errs {
+		if strings.HasPrefix(e.Msg, "unknown field") {
 			return true
 		}
 	}
