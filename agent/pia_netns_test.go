@@ -562,7 +562,10 @@ func TestPIASlowAPI(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	waitFor(t, "the timeout in status", 40*time.Second, func() bool {
-		return strings.Contains(tunnel(r).LastError, "deadline exceeded") || strings.Contains(tunnel(r).LastError, "timeout")
+		// net/http says "Client.Timeout exceeded", a context "deadline
+		// exceeded": either is the timeout.
+		e := strings.ToLower(tunnel(r).LastError)
+		return strings.Contains(e, "deadline exceeded") || strings.Contains(e, "timeout")
 	})
 	if n := l.Stub.AddKeys(); n != 0 || tunnel(r).Healthy {
 		t.Errorf("registered while the API timed out: %d addKey requests", n)
