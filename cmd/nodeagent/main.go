@@ -13,13 +13,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/logging"
+	"github.com/nodeagent/nodeagent/cmd/internal/cliflags"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"github.com/spf13/pflag"
@@ -107,7 +107,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.String("log-level", "info", "log level")
 	help := fs.BoolP("help", "h", false, "help")
 	showVersion := fs.Bool("version", false, "print the version")
-	if err := singleDashLong(fs, args); err != nil {
+	if err := cliflags.SingleDashLong(fs, args); err != nil {
 		fmt.Fprintf(stderr, "nodeagent: %v\n", err)
 		return 2
 	}
@@ -219,29 +219,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// singleDashLong refuses a long flag written with one dash, as in
-// "-config FILE": pflag would read it as -c with the value "onfig", and the
-// command would quietly use a file of that name.
-func singleDashLong(fs *pflag.FlagSet, args []string) error {
-	for _, a := range args {
-		if a == "--" {
-			return nil
-		}
-		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
-			continue
-		}
-		name, _, _ := strings.Cut(a[1:], "=")
-		if f := fs.Lookup(name); f != nil {
-			alt := ""
-			if f.Shorthand != "" {
-				alt = " (or -" + f.Shorthand + ")"
-			}
-			return fmt.Errorf("%s: a long flag takes two dashes: --%s%s", a, name, alt)
-		}
-	}
-	return nil
 }
 
 // interruptGrace is how long a one-shot command has to stop after SIGINT

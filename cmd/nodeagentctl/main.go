@@ -14,11 +14,11 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/cmd/internal/cliflags"
 	"github.com/spf13/pflag"
 )
 
@@ -164,7 +164,7 @@ func (c *cli) usageError(format string, args ...any) int {
 func (c *cli) run(ctx context.Context, args []string) int {
 	var o options
 	fs := newFlagSet(&o)
-	if err := singleDashLong(fs, args); err != nil {
+	if err := cliflags.SingleDashLong(fs, args); err != nil {
 		return c.usageError("%v", err)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -294,28 +294,6 @@ func nextStep(err error) string {
 		return "is the daemon running, on this socket? See: systemctl status nodeagent"
 	}
 	return ""
-}
-
-// singleDashLong refuses a long flag written with one dash, as in
-// "-output json": pflag would read it as -o with the value "utput".
-func singleDashLong(fs *pflag.FlagSet, args []string) error {
-	for _, a := range args {
-		if a == "--" {
-			return nil
-		}
-		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
-			continue
-		}
-		name, _, _ := strings.Cut(a[1:], "=")
-		if f := fs.Lookup(name); f != nil {
-			alt := ""
-			if f.Shorthand != "" {
-				alt = " (or -" + f.Shorthand + ")"
-			}
-			return fmt.Errorf("%s: a long flag takes two dashes: --%s%s", a, name, alt)
-		}
-	}
-	return nil
 }
 
 func (c *cli) printJSON(v any) int {
