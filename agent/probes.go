@@ -16,7 +16,6 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"gopkg.in/yaml.v3"
 )
 
 // Probe is one check of the node's reachability: safe apply runs the
@@ -88,17 +87,7 @@ func apiServer(c *config.Config) string {
 	if err != nil {
 		return ""
 	}
-	var kc struct {
-		Clusters []struct {
-			Cluster struct {
-				Server string `yaml:"server"`
-			} `yaml:"cluster"`
-		} `yaml:"clusters"`
-	}
-	if yaml.Unmarshal(b, &kc) != nil || len(kc.Clusters) == 0 {
-		return ""
-	}
-	s := kc.Clusters[0].Cluster.Server
+	s := kube.ServerOf(b)
 	// https://host:port[/path]
 	if i := len("https://"); len(s) > i && s[:i] == "https://" {
 		s = s[i:]

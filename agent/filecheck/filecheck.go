@@ -18,12 +18,12 @@ import (
 	"os"
 	"strings"
 
+	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"golang.org/x/sys/unix"
-	"gopkg.in/yaml.v3"
 )
 
 // Options are where the daemon keeps what the files are checked against.
@@ -178,15 +178,8 @@ func (k *checker) kubeconfig(field, path string) {
 		k.read(field, err)
 		return
 	}
-	var kc struct {
-		Clusters []struct {
-			Cluster struct {
-				Server string `yaml:"server"`
-			} `yaml:"cluster"`
-		} `yaml:"clusters"`
-	}
 	// The file holds credentials: a parse error is not quoted.
-	if yaml.Unmarshal(b, &kc) != nil || len(kc.Clusters) == 0 || kc.Clusters[0].Cluster.Server == "" {
+	if kube.ServerOf(b) == "" {
 		k.errorf(field, "%s is not a kubeconfig (YAML with clusters[].cluster.server)", path)
 	}
 }
