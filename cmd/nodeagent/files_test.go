@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/nodeagent/nodeagent/testenv"
 )
 
 // exampleWithFiles writes examples/homelab.yaml into dir with the files it
@@ -50,19 +48,7 @@ func exampleWithFiles(t *testing.T, dir string) string {
 // validate refuses it too, at its line, rather than call the config
 // valid.
 func TestValidateAsUserHoldsKeysToRoot(t *testing.T) {
-	testenv.RequireRoot(t) // to become nobody
-	if _, err := exec.LookPath("su"); err != nil {
-		t.Skip("needs su to run as nobody")
-	}
-	bin := binary(t)
-	dir, err := os.MkdirTemp("", "nodeagent-nobody-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	for _, p := range []string{dir, filepath.Dir(bin)} {
-		os.Chmod(p, 0o755)
-	}
+	bin, dir := asNobody(t)
 	nobody, err := user.Lookup("nobody")
 	if err != nil {
 		t.Skip(err)

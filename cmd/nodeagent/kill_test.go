@@ -192,19 +192,7 @@ func TestKillNineMidApply(t *testing.T) {
 // TestValidateAndPlanWithoutRoot runs validate and plan as nobody: both
 // work, and plan says which part the kernel would not show.
 func TestValidateAndPlanWithoutRoot(t *testing.T) {
-	testenv.RequireRoot(t) // to become nobody
-	if _, err := exec.LookPath("su"); err != nil {
-		t.Skip("needs su to run as nobody")
-	}
-	bin := binary(t)
-	dir, err := os.MkdirTemp("", "nodeagent-nobody-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	for _, p := range []string{dir, filepath.Dir(bin)} {
-		os.Chmod(p, 0o755)
-	}
+	bin, dir := asNobody(t)
 	cfg := exampleWithFiles(t, dir)
 	for _, args := range [][]string{{"validate"}, {"plan"}} {
 		line := fmt.Sprintf("%s %s -c %s --rt-tables ''", bin, args[0], cfg)
@@ -323,4 +311,25 @@ func TestKillNineDaemon(t *testing.T) {
 	if diff := cmp.Diff(before, foreign()); diff != "" {
 		t.Fatalf("foreign objects changed (-before +after):\n%s", diff)
 	}
+}
+
+// asNobody skips unless the test can run commands as nobody (root, su);
+// it returns the binary and a directory outside the test's private
+// temporary tree (which nobody cannot enter), both readable by nobody.
+func asNobody(t *testing.T) (bin, dir string) {
+	t.Helper()
+	testenv.RequireRoot(t) // to become nobody
+	if _, err := exec.LookPath("su"); err != nil {
+		t.Skip("needs su to run as nobody")
+	}
+	bin = binary(t)
+	dir, err := os.MkdirTemp("", "nodeagent-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, p := range []string{dir, filepath.Dir(bin)} {
+		os.Chmod(p, 0o755)
+	}
+	return bin, dir
 }
