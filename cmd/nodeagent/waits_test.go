@@ -27,3 +27,19 @@ func TestApplyOnceFailsOnMistypedParent(t *testing.T) {
 		t.Fatalf("apply --once on a mistyped parent: %v\n%s", err, out)
 	}
 }
+
+// TestValidateRefusesAnEmptyFile: what `: > nodeagent.yaml` or a full disk
+// leaves is not a valid config (it used to be, and the daemon applied it
+// as "nothing"); comments alone, or {}, are.
+func TestValidateRefusesAnEmptyFile(t *testing.T) {
+	dir := t.TempDir()
+	for body, want := range map[string]int{"": 1, " \n\n": 1, "# nothing yet\n": 0, "{}\n": 0} {
+		cfg := filepath.Join(dir, "nodeagent.yaml")
+		os.WriteFile(cfg, []byte(body), 0o600)
+		var out, errb strings.Builder
+		code := run([]string{"validate", "-c", cfg, "--state-dir", dir}, &out, &errb)
+		if code != want || (want == 1 && !strings.Contains(errb.String(), cfg+":1: the file is empty")) {
+			t.Errorf("validate of %q: exit %d (want %d)\n%s%s", body, code, want, out.String(), errb.String())
+		}
+	}
+}
