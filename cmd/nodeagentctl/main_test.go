@@ -611,7 +611,8 @@ func TestWaitWhileUnreachable(t *testing.T) {
 
 	missing := filepath.Join(t.TempDir(), "missing.sock")
 	r = run(t, nil, "wait", "--socket", missing, "--timeout=150ms")
-	want := "nodeagentctl: timed out after 150ms waiting for ready: cannot reach nodeagent at " + missing + ": connect: no such file or directory\n"
+	want := "nodeagentctl: timed out after 150ms waiting for ready: cannot reach nodeagent at " + missing + ": connect: no such file or directory\n" +
+		"nodeagentctl: is the daemon running, on this socket? See: systemctl status nodeagent\n"
 	if r.code != 1 || r.stderr != want {
 		t.Errorf("want exit 1 and %q, got %v", want, r)
 	}
