@@ -19,9 +19,9 @@
 // namespace that is not the host's), those names would be bind mounts in
 // that command's private mount namespace, seen by nobody else and gone
 // with it; so it first re-executes itself in the host's mount namespace
-// (pid 1's; where that is out of reach, its nearest ancestor's, or its
-// session leader's, that differs from its own), in the same network
-// namespace. DIR is then read in that mount namespace. Where it cannot
+// (pid 1's; where that is out of reach, the first that names its network
+// namespace under /run/netns, else its nearest ancestor's, or its session
+// leader's, that differs from its own), in the same network namespace. DIR is then read in that mount namespace. Where it cannot
 // enter it, it says so and stops.
 package main
 
@@ -123,14 +123,23 @@ func hostMountNS() error {
 	return refuse(syscall.Exec("/proc/self/exe", os.Args, env))
 }
 
+// initMountNS is pid 1's mount namespace; PIASTUB_INIT_MNT_NS points it
+// elsewhere, for the tests of a sandbox where pid 1 is out of reach.
+func initMountNS() string {
+	if p := os.Getenv("PIASTUB_INIT_MNT_NS"); p != "" {
+		return p
+	}
+	return "/proc/1/ns/mnt"
+}
+
 // hostMountNSPath is the path of the host's mount namespace (see
 // hostMountNS), "" if it is own or none is found.
 func hostMountNSPath(own string) string {
-	if l, err := os.Readlink("/proc/1/ns/mnt"); err == nil {
+	if l, err := os.Readlink(initMountNS()); err == nil {
 		if l == own {
 			return ""
 		}
-		return "/proc/1/ns/mnt"
+		return initMountNS()
 	}
 	var pids []int
 	for pid := os.Getppid(); pid > 1 && len(pids) < 64; pid = parent(pid) {
@@ -139,10 +148,56 @@ func hostMountNSPath(own string) string {
 	if sid, err := unix.Getsid(0); err == nil && sid > 1 {
 		pids = append(pids, sid)
 	}
+	// Best: a mount namespace that names the network namespace this runs
+	// in under /run/netns, which is where `ip netns exec NAME` was typed;
+	// it is found whether or not the process that typed it is still there
+	// (a stub started with `&` from a script that has ended).
+	if p := namingMountNS(own, pids); p != "" {
+		return p
+	}
 	for _, pid := range pids {
 		p := fmt.Sprintf("/proc/%d/ns/mnt", pid)
 		if l, err := os.Readlink(p); err == nil && l != own {
 			return p
+		}
+	}
+	return ""
+}
+
+// namingMountNS is the mount namespace, other than own, of the first
+// process (first, then every other by pid) whose /run/netns holds a name
+// for this process's network namespace; "" if there is none.
+func namingMountNS(own string, first []int) string {
+	var self unix.Stat_t
+	if unix.Stat("/proc/self/ns/net", &self) != nil {
+		return ""
+	}
+	pids := append([]int(nil), first...)
+	if ents, err := os.ReadDir("/proc"); err == nil {
+		for _, e := range ents {
+			if pid, err := strconv.Atoi(e.Name()); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	seen := map[string]bool{own: true}
+	for _, pid := range pids {
+		p := fmt.Sprintf("/proc/%d/ns/mnt", pid)
+		l, err := os.Readlink(p)
+		if err != nil || seen[l] {
+			continue
+		}
+		seen[l] = true
+		dir := fmt.Sprintf("/proc/%d/root/run/netns", pid)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(dir, e.Name()), &st) == nil && st.Dev == self.Dev && st.Ino == self.Ino {
+				return p
+			}
 		}
 	}
 	return ""

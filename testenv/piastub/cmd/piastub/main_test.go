@@ -157,8 +157,20 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // at once, as `cmd &` in a script that ends does: the stub's parent is
 // gone before it looks for the host's mount namespace.
 func startOrphan(t *testing.T, bin, ns, dir string) *stub {
+	return orphan(t, `ip netns exec "$1" "$2" "$3" >"$4" 2>&1 & echo $!`, bin, ns, dir)
+}
+
+// startSetsid is startOrphan in a session of its own: neither an
+// ancestor nor the session leader is in the mount namespace the stub was
+// started from.
+func startSetsid(t *testing.T, bin, ns, dir string) *stub {
+	return orphan(t, `setsid ip netns exec "$1" "$2" "$3" >"$4" 2>&1 & echo $!`, bin, ns, dir)
+}
+
+// orphan starts the stub with script, which prints its pid.
+func orphan(t *testing.T, script, bin, ns, dir string) *stub {
 	log := filepath.Join(t.TempDir(), "log")
-	out, err := exec.Command("sh", "-c", `ip netns exec "$1" "$2" "$3" >"$4" 2>&1 & echo $!`, "sh", ns, bin, dir, log).Output()
+	out, err := exec.Command("sh", "-c", script, "sh", ns, bin, dir, log).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,8 +218,14 @@ func TestNamespacesVisibleUnderIPNetnsExec(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		start func(t *testing.T, bin, ns, dir string) *stub
-	}{{"child", startChild}, {"orphan", startOrphan}} {
+	}{{"child", startChild}, {"orphan", startOrphan}, {"orphan in a session of its own", startSetsid}} {
 		t.Run(tc.name, func(t *testing.T) { visible(t, bin, tc.start) })
+		// A sandbox where pid 1's mount namespace is out of reach: the
+		// stub finds the one that names its network namespace.
+		t.Run(tc.name+", pid 1 out of reach", func(t *testing.T) {
+			t.Setenv("PIASTUB_INIT_MNT_NS", "/nonexistent")
+			visible(t, bin, tc.start)
+		})
 	}
 }
 
