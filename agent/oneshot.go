@@ -168,9 +168,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	for _, warn := range warns {
 		warnings = append(warnings, warn.Error())
 	}
-	if usesRouting(d) {
-		warnings = append(warnings, NetworkdConflicts(DefaultNetworkdPaths())...)
-	}
+	warnings = append(warnings, networkdHazards(h, d)...)
 	for _, warn := range warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
@@ -198,10 +196,8 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 		return err
 	}
 	defer h.Close()
-	if usesRouting(d) {
-		for _, warn := range NetworkdConflicts(DefaultNetworkdPaths()) {
-			log.Warn(warn)
-		}
+	for _, warn := range networkdHazards(h, d) {
+		log.Warn(warn)
 	}
 	cv := &netcfg.Converger{Host: h, Log: log}
 	defer cv.Close()
