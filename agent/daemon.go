@@ -20,6 +20,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/waiting"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/hazard"
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/register"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
@@ -63,6 +64,9 @@ type RunOptions struct {
 	// does not create (a parent NIC) before the node is degraded for it
 	// (default waiting.DefaultBound; tests shorten it).
 	PendingBound time.Duration
+	// Hazards is where the hazard checks read networkd's configuration
+	// and /proc (zero: the node's own; tests point it at a fixture tree).
+	Hazards hazard.Paths
 	// TestHooks turns on SIGUSR2, which wedges the reconcile loop for a
 	// minute, so tests can prove the watchdog notices.
 	TestHooks bool
@@ -96,9 +100,14 @@ type Daemon struct {
 	waits waiting.Tracker
 	// held is the sum of the config file last held (saveguard), so that
 	// its WARN line is logged once, not at every resync.
-	held  [32]byte
-	want  atomic.Pointer[interest]
-	files *fileWatch
+	held [32]byte
+	// hazardHash and hazardAt are the config and the time of the last
+	// hazard check; hazardLogged the hazards last logged.
+	hazardHash   string
+	hazardAt     time.Time
+	hazardLogged string
+	want         atomic.Pointer[interest]
+	files        *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).

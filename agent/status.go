@@ -136,6 +136,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.status.WireGuard = devs
 	d.mu.Unlock()
 
+	d.checkHazards(res)
 	waits, over := d.trackWaits(res)
 	switch {
 	case len(failed) > 0:

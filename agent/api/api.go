@@ -60,6 +60,14 @@ const (
 	// one is not; it degrades the node but does not hold back Ready (the
 	// kill switch holds meanwhile).
 	CondTunnelHealthy = "TunnelHealthy"
+	// Coexistence: nothing on this node is set to delete or take over
+	// nodeagent's objects by design: a running systemd-networkd's
+	// ManageForeignRoutingPolicyRules or ManageForeignRoutes left on where
+	// the config has routing, or a .network file whose [Match] catches one
+	// of nodeagent's links. False names each, with its fix. It neither
+	// degrades the node nor holds back Ready: nodeagent repairs what such
+	// a program deletes, and the kill switch holds meanwhile.
+	CondCoexistence = "Coexistence"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/netcfg/hazard"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
@@ -88,6 +89,9 @@ func testDaemon(t *testing.T, node *testenv.NetNS, cfg, socket, version string) 
 		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(filepath.Dir(cfg), "rt.conf")},
 		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour, Version: version,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		// No networkd, whatever runs on the machine: the golden status
+		// does not depend on it.
+		Hazards: hazard.Paths{Root: t.TempDir()},
 	})
 	if err != nil {
 		t.Fatal(err)
