@@ -67,9 +67,10 @@ func FromConfigStaged(c *config.Config, tablesFile string, reg *register.Cache, 
 		if mode == "" {
 			mode = "bridge"
 		}
+		mac, _ := config.ParseMAC(m.MAC) // validated; nil when unset
 		d.Link.Links = append(d.Link.Links, link.Link{
 			Name: m.Name, Kind: link.Macvlan, Parent: m.Parent, Mode: mode, MTU: m.MTU,
-			Up: m.IsUp(), Addrs: prefixes(m.Name, m.Addresses), Adopt: m.Adopt,
+			Up: m.IsUp(), Addrs: prefixes(m.Name, m.Addresses), Adopt: m.Adopt, MAC: mac,
 		})
 	}
 	if !c.DAD.Disabled {

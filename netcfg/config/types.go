@@ -123,6 +123,13 @@ type Macvlan struct {
 	// Adopt takes over an existing link of this name that nodeagent did not
 	// create. Default: false, and such a link is a conflict left alone.
 	Adopt bool `yaml:"adopt"`
+	// MAC is the link's hardware address, like 02:00:5e:10:00:01: unicast,
+	// not all zeros, unique among the macvlans. The link is made with it
+	// and kept at it. Default: an address derived from the machine id, the
+	// network namespace and the link's name (locally administered), the
+	// same at every restart and re-create, given when the link is made
+	// and then left as it is.
+	MAC string `yaml:"mac"`
 }
 
 // WireGuard is one WireGuard interface.

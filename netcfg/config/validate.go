@@ -207,6 +207,7 @@ func (v *validator) validate(c *Config) {
 	seenAddrs := addrSeen{}
 	v.vlans(c.VLANs, links, seenAddrs)
 	v.macvlans(c.Macvlans, links, seenAddrs)
+	v.macs(c.Macvlans)
 	v.parentChains(links)
 	v.wireguard(c.WireGuard, seenAddrs)
 	v.routing(c.Routing)

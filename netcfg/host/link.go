@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"net"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -34,6 +35,9 @@ type LinkSpec struct {
 	Up          bool
 	VLANID      int
 	MacvlanMode uint32
+	// MAC is the hardware address it is made with; nil: the kernel's
+	// (random for a macvlan, the parent's for a VLAN).
+	MAC net.HardwareAddr
 	// Group is the link group it is born with; 0 means CreatingGroup.
 	Group uint32
 }
@@ -62,6 +66,9 @@ func (h *Host) LinkCreate(s LinkSpec) (Link, error) {
 	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(group)))
 	if s.MTU > 0 {
 		req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(s.MTU))))
+	}
+	if len(s.MAC) > 0 {
+		req.AddData(nl.NewRtAttr(unix.IFLA_ADDRESS, []byte(s.MAC)))
 	}
 	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
 	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated(s.Kind))

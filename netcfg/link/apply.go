@@ -67,6 +67,11 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			if err = h.LinkMark(o.Old.Index); err != nil {
 				broken[o.Link] = err
 			}
+		case OpSetMAC:
+			h.Wrote(1)
+			if err = h.NL().LinkSetHardwareAddr(device(index[o.Link]), o.Desired.MAC); err == nil {
+				mac[o.Link] = o.Desired.MAC
+			}
 		case OpSetMTU:
 			h.Wrote(1)
 			err = h.NL().LinkSetMTU(device(index[o.Link]), o.Desired.MTU)
@@ -120,6 +125,10 @@ func createLink(h *host.Host, l Link, index map[string]int, want int) (host.Link
 	spec := host.LinkSpec{
 		Name: l.Name, Kind: string(l.Kind), ParentIndex: pidx, Index: want,
 		MTU: l.MTU, Up: l.Up, VLANID: l.VLANID, MacvlanMode: kernelMode(l.Mode),
+		MAC: l.MAC,
+	}
+	if l.Kind == Macvlan && spec.MAC == nil {
+		spec.MAC = h.StableMAC(l.Name)
 	}
 	made, err := h.LinkCreate(spec)
 	if errors.Is(err, unix.EEXIST) {
@@ -137,6 +146,11 @@ func createLink(h *host.Host, l Link, index map[string]int, want int) (host.Link
 			return host.Link{}, fmt.Errorf("find created link: %w", err)
 		}
 		made = host.Link{Index: nl.Attrs().Index, Name: l.Name, HardwareAddr: nl.Attrs().HardwareAddr}
+	}
+	if spec.MAC != nil {
+		// What DAD and the announcements send from: the address it was
+		// made with, whatever an echo said.
+		made.HardwareAddr = spec.MAC
 	}
 	if err := h.LinkMark(made.Index); err != nil {
 		// Left with its in-flight group: the next sync marks it.

@@ -43,6 +43,10 @@ type Link struct {
 	Up     bool
 	Addrs  []netip.Prefix
 	Adopt  bool
+	// MAC (macvlan only) is the configured hardware address: the link is
+	// made with it and kept at it. Nil: made with the host's StableMAC
+	// for its name, and left as it is once made.
+	MAC net.HardwareAddr
 }
 
 // Desired is the whole desired state of this subsystem.
@@ -107,6 +111,7 @@ const (
 	OpDeleteLink OpKind = iota // removed from config, or recreated
 	OpCreateLink
 	OpAdoptLink
+	OpSetMAC
 	OpSetMTU
 	OpSetUp
 	OpDelAddr
@@ -119,11 +124,12 @@ const (
 type Op struct {
 	Kind    OpKind
 	Link    string
-	Desired Link         // for create, adopt, MTU, up
-	Old     ObservedLink // for delete and change
-	Addr    netip.Prefix // for address ops
-	Reason  string       // for conflicts and recreations
-	Wait    string       // for pending: the parent it waits for
+	Desired Link             // for create, adopt, MTU, up
+	Old     ObservedLink     // for delete and change
+	OldMAC  net.HardwareAddr // for a MAC change
+	Addr    netip.Prefix     // for address ops
+	Reason  string           // for conflicts and recreations
+	Wait    string           // for pending: the parent it waits for
 }
 
 // Action returns the op's plan symbol.
@@ -184,6 +190,8 @@ func (o Op) String() string {
 		} else {
 			s = fmt.Sprintf("link %s adopt (mark as nodeagent's)", o.Link)
 		}
+	case OpSetMAC:
+		s = fmt.Sprintf("link %s mac %s -> %s", o.Link, o.OldMAC, o.Desired.MAC)
 	case OpSetMTU:
 		s = fmt.Sprintf("link %s mtu %d -> %d", o.Link, o.Old.MTU, o.Desired.MTU)
 	case OpSetUp:

@@ -1,6 +1,7 @@
 package link
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"slices"
@@ -94,6 +95,9 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 		return append([]Op{{Kind: OpDeleteLink, Link: l.Name, Old: ol, Reason: "recreate: " + diff}}, create()...)
 	} else if ol.Interrupted {
 		ops = append(ops, Op{Kind: OpAdoptLink, Link: l.Name, Desired: l, Old: ol})
+	}
+	if cur := o.MACs[ol.Index]; l.MAC != nil && !bytes.Equal(cur, l.MAC) {
+		ops = append(ops, Op{Kind: OpSetMAC, Link: l.Name, Desired: l, Old: ol, OldMAC: cur})
 	}
 	if l.MTU != 0 && l.MTU != ol.MTU {
 		ops = append(ops, Op{Kind: OpSetMTU, Link: l.Name, Desired: l, Old: ol})
