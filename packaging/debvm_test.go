@@ -20,7 +20,7 @@ import (
 var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools"}
 
 // debSteps are the acceptance steps the script in the VM reports, in order.
-var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "security", "purge"}
+var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "security", "purge"}
 
 var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 

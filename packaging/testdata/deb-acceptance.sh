@@ -256,6 +256,33 @@ journalctl -u nodeagent --no-pager -o cat | grep -i 'subsystem=pia' | tail -8 | 
 check no-token-in-journal sh -c '! journalctl -u nodeagent --no-pager -o cat | grep -qE "[0-9a-f]{128}"'
 kill "$stub_pid"; wait "$stub_pid"
 
+# --- udev ---------------------------------------------------------------
+# udev's 99-default.link (MACAddressPolicy=persistent) rewrites the address
+# of a link made with a random one, shortly after it appears. nodeagent
+# gives a macvlan its address in the create message (derived from the
+# machine id and its name), which udev leaves alone: the address is the
+# same 2 s after creation, after a delete and re-create, and after a restart.
+begin udev
+mac_of() { cat "/sys/class/net/$1/address"; }
+check udevd-running systemctl is-active --quiet systemd-udevd
+config "macvlans:
+  - {name: shim0, parent: trunk0, addresses: [10.10.60.3/24]}" | write_config
+check shim-created wait_for 20 test -e /sys/class/net/shim0
+first=$(mac_of shim0)
+echo "    shim0 made with $first"
+check given-not-random test "$(cat /sys/class/net/shim0/addr_assign_type)" = 3
+check locally-administered-unicast sh -c "test \$(( 0x${first%%:*} & 3 )) -eq 2"
+sleep 2
+check kept-after-2s test "$(mac_of shim0)" = "$first"
+ip link del shim0
+check recreated wait_for 20 test -e /sys/class/net/shim0
+sleep 2
+check same-after-recreate test "$(mac_of shim0)" = "$first"
+check restart systemctl restart nodeagent
+check active-after-restart is active
+sleep 2
+check same-after-restart test "$(mac_of shim0)" = "$first"
+
 # --- 8. systemd-analyze security -------------------------------------------
 begin security
 systemd-analyze security --no-pager nodeagent.service | sed 's/^/    /'
