@@ -260,11 +260,17 @@ kill "$stub_pid"; wait "$stub_pid"
 # udev's 99-default.link (MACAddressPolicy=persistent) rewrites the address
 # of a link made with a random one, shortly after it appears. nodeagent
 # gives a macvlan its address in the create message (derived from the
-# machine id and its name), which udev leaves alone: the address is the
-# same 2 s after creation, after a delete and re-create, and after a restart.
+# machine id and its name), which udev leaves alone: the link never has
+# another address (ip monitor sees every one it has, from its creation on),
+# and the same one after a delete and re-create and after a restart.
 begin udev
 mac_of() { cat "/sys/class/net/$1/address"; }
 check udevd-running systemctl is-active --quiet systemd-udevd
+ip -o monitor link > /root/udev-monitor.log 2>&1 &
+mon=$!
+sleep 0.5
+# every address shim0 had since the monitor started, one per line
+seen() { grep -w shim0 /root/udev-monitor.log | grep -o 'link/ether [0-9a-f:]*' | awk '{print $2}' | sort -u; }
 config "macvlans:
   - {name: shim0, parent: trunk0, addresses: [10.10.60.3/24]}" | write_config
 check shim-created wait_for 20 test -e /sys/class/net/shim0
@@ -274,6 +280,7 @@ check given-not-random test "$(cat /sys/class/net/shim0/addr_assign_type)" = 3
 check locally-administered-unicast sh -c "test \$(( 0x${first%%:*} & 3 )) -eq 2"
 sleep 2
 check kept-after-2s test "$(mac_of shim0)" = "$first"
+check one-address-since-creation test "$(seen)" = "$first"
 ip link del shim0
 check recreated wait_for 20 test -e /sys/class/net/shim0
 sleep 2
@@ -282,6 +289,9 @@ check restart systemctl restart nodeagent
 check active-after-restart is active
 sleep 2
 check same-after-restart test "$(mac_of shim0)" = "$first"
+check one-address-throughout test "$(seen)" = "$first"
+kill "$mon"
+seen | sed 's/^/    shim0 had /'
 
 # --- 8. systemd-analyze security -------------------------------------------
 begin security
