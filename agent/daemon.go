@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -106,6 +107,15 @@ type Daemon struct {
 	hazardHash   string
 	hazardAt     time.Time
 	hazardLogged string
+	// hazardMACs are the links' MACs the last sync saw, hazardsFound the
+	// hazards last found, causesLogged the repair causes logged
+	// (repairCauses); nm follows NetworkManager. neighbours is signalled
+	// when a neighbour's files or state change.
+	hazardMACs   map[string]net.HardwareAddr
+	hazardsFound []hazard.Hazard
+	causesLogged map[string]bool
+	nm           *nmWatch
+	neighbours   chan struct{}
 	want         atomic.Pointer[interest]
 	files        *fileWatch
 	// alive is the last time the loop went round, for /healthz.
@@ -209,7 +219,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		o.Register = &register.Cache{}
 	}
 	d := &Daemon{
-		o: o, log: o.Log, kick: make(chan struct{}, 1), reqs: make(chan request), stall: make(chan time.Duration, 1),
+		o: o, log: o.Log, kick: make(chan struct{}, 1), neighbours: make(chan struct{}, 1), reqs: make(chan request), stall: make(chan time.Duration, 1),
 		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
 	d.waits.Bound = o.PendingBound
@@ -287,6 +297,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.files = fw
 	d.files.set(d.peerDirs(), d.keyFiles(), d.log)
+	watchNeighbours(ctx, d.o.Hazards, d.neighbourChanged, d.log)
+	d.nm = startNetworkManager(ctx, d.log, d.neighbourChanged)
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGHUP)
 	if d.o.TestHooks {

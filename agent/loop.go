@@ -189,6 +189,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			}
 			pending = merge(pending, trigSignal)
 			arm(d.o.Debounce)
+		case <-d.neighbours:
+			// A neighbour's files or state changed: look again now.
+			d.evalHazards()
 		case <-resync.C:
 			pending = merge(pending, trigResync)
 			arm(0)

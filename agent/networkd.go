@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,21 +62,30 @@ func networkdHazards(h *host.Host, d netcfg.Desired) []string {
 const hazardsEvery = 30 * time.Second
 
 // checkHazards sets the Coexistence condition from the hazards found on
-// this node, at most every hazardsEvery (or resync period) and at every
-// config load, with the MACs the sync observed. A new set of hazards is
-// logged at WARN, each with its fix, once.
+// this node, at most every hazardsEvery (or resync period), at every config
+// load and whenever a neighbour's files or state changed (d.neighbours),
+// with the MACs the sync observed.
 func (d *Daemon) checkHazards(res netcfg.Result) {
-	every := min(hazardsEvery, d.o.Resync)
-	if d.hash == d.hazardHash && time.Since(d.hazardAt) < every {
-		return
-	}
-	d.hazardHash, d.hazardAt = d.hash, time.Now()
 	obs := res.Post.Link.Observed
 	macs := map[string]net.HardwareAddr{}
 	for name, ol := range obs.Links {
 		macs[name] = obs.MACs[ol.Index]
 	}
-	hs := hazards(d.o.Hazards, d.desired, macs)
+	d.hazardMACs = macs
+	every := min(hazardsEvery, d.o.Resync)
+	if d.hash == d.hazardHash && time.Since(d.hazardAt) < every {
+		return
+	}
+	d.evalHazards()
+}
+
+// evalHazards looks for hazards now. A new set is logged at WARN, each
+// with its fix, once.
+func (d *Daemon) evalHazards() {
+	d.hazardHash, d.hazardAt = d.hash, time.Now()
+	hs := hazards(d.o.Hazards, d.desired, d.hazardMACs)
+	hs = append(hs, d.nm.hazards(desiredLinks(d.desired))...)
+	d.hazardsFound = hs
 	lines := make([]string, len(hs))
 	for i, hz := range hs {
 		lines[i] = hz.String()
@@ -91,4 +102,58 @@ func (d *Daemon) checkHazards(res netcfg.Result) {
 		return
 	}
 	d.setCondition(api.CondCoexistence, api.False, "HazardsFound", strings.Join(lines, "; "))
+}
+
+// desiredLinks are the names of d's links and WireGuard devices.
+func desiredLinks(d netcfg.Desired) []string {
+	var out []string
+	for _, l := range d.Link.Links {
+		out = append(out, l.Name)
+	}
+	for _, dev := range d.WG.Devices {
+		out = append(out, dev.Name)
+	}
+	return out
+}
+
+// neighbourChanged tells the loop that a neighbour's files or state
+// changed; it never blocks.
+func (d *Daemon) neighbourChanged() {
+	select {
+	case d.neighbours <- struct{}{}:
+	default:
+	}
+}
+
+// repairCauses logs, at WARN and once per cause for the daemon's life, the
+// hazards that explain the repairs (kind to count) of a drift sync: an
+// operator reads why nodeagent keeps putting things back, and its fix, not
+// a line per repair. A repair no known hazard explains is logged once per
+// kind. It returns whether anything was logged.
+func (d *Daemon) repairCauses(repairs map[string]int) bool {
+	if d.causesLogged == nil {
+		d.causesLogged = map[string]bool{}
+	}
+	logged := false
+	for _, kind := range slices.Sorted(maps.Keys(repairs)) {
+		explained := false
+		for _, hz := range d.hazardsFound {
+			if !slices.Contains(hz.Kinds, kind) {
+				continue
+			}
+			explained = true
+			if key := hz.Source + "\x00" + hz.What; !d.causesLogged[key] {
+				d.causesLogged[key] = true
+				logged = true
+				d.log.Warn("repairing what a neighbour deleted", "kind", kind, "cause", hz.Source+": "+hz.What, "fix", hz.Fix)
+			}
+		}
+		if key := "\x00" + kind; !explained && !d.causesLogged[key] {
+			d.causesLogged[key] = true
+			logged = true
+			d.log.Warn("repairing what another program changed; no known neighbour explains it", "kind", kind,
+				"hint", "nodeagent_drift_repairs_total counts every repair; nodeagentctl status lists the neighbours it knows of")
+		}
+	}
+	return logged
 }

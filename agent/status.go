@@ -100,9 +100,17 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	// ask for: what a sync woken by the kernel (or a resync) repairs, not
 	// what a new config, a changed peer file or the first sync brings in.
 	if (why == trigEvent || why == trigResync) && d.hash == d.syncedHash && total > 0 {
-		d.log.Info("drift repaired", "trigger", why.String(), "changes", total)
-		for kind, n := range netcfg.Repairs(res.Report) {
+		repairs := netcfg.Repairs(res.Report)
+		for kind, n := range repairs {
 			d.metrics.DriftRepaired(kind, n)
+		}
+		// Whoever deleted it may have just shown itself: look for
+		// hazards again, then say once per cause why, with its fix.
+		d.evalHazards()
+		if !d.repairCauses(repairs) {
+			d.log.Debug("drift repaired", "trigger", why.String(), "changes", total)
+		} else {
+			d.log.Info("drift repaired", "trigger", why.String(), "changes", total)
 		}
 	}
 	d.syncedHash = d.hash

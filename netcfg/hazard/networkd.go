@@ -62,6 +62,10 @@ type Hazard struct {
 	What string
 	// Fix is the change that removes it.
 	Fix string
+	// Kinds are the kinds of object it deletes or rewrites (the drift
+	// kinds: link, address, route, rule), so that a repair of one of
+	// them can be put down to it.
+	Kinds []string
 }
 
 func (h Hazard) String() string { return h.Source + ": " + h.What + "; " + h.Fix }
@@ -71,9 +75,12 @@ const maxFile = 1 << 20
 
 // foreignSettings are networkd.conf's settings that delete what networkd
 // did not make, all on by default.
-var foreignSettings = []struct{ key, what string }{
-	{"ManageForeignRoutingPolicyRules", "deletes every routing rule it did not make (nodeagent's policy rules, the kill switch's) whenever it configures a link it manages"},
-	{"ManageForeignRoutes", "deletes routes it did not make (the kill-switch table's unreachable default among them) whenever it configures a link it manages"},
+var foreignSettings = []struct {
+	key, what string
+	kinds     []string
+}{
+	{"ManageForeignRoutingPolicyRules", "deletes every routing rule it did not make (nodeagent's policy rules, the kill switch's) whenever it configures a link it manages", []string{"rule"}},
+	{"ManageForeignRoutes", "deletes routes it did not make (the kill-switch table's unreachable default among them) whenever it configures a link it manages", []string{"route"}},
 }
 
 // Networkd reports the hazards of a running systemd-networkd for links:
@@ -100,12 +107,14 @@ func Networkd(p Paths, links []Link) []Hazard {
 			src = sources[s.key]
 		}
 		out = append(out, Hazard{Source: src, Setting: s.key, What: fmt.Sprintf("%s=yes %s", s.key, s.what),
-			Fix: fmt.Sprintf("set %s=no under [Network] in /etc/systemd/networkd.conf.d/nodeagent.conf, then systemctl restart systemd-networkd", s.key)})
+			Fix:   fmt.Sprintf("set %s=no under [Network] in /etc/systemd/networkd.conf.d/nodeagent.conf, then systemctl restart systemd-networkd", s.key),
+			Kinds: s.kinds})
 	}
 	for _, l := range links {
 		if f, why := p.matchingNetwork(l); f != "" {
 			out = append(out, Hazard{Source: f, What: fmt.Sprintf("its [Match] (%s) catches nodeagent's link %s, which networkd then configures as its own", why, l.Name),
-				Fix: fmt.Sprintf("narrow the match so that it leaves %s alone (Name=!%s, or a name glob that does not cover it)", l.Name, l.Name)})
+				Fix:   fmt.Sprintf("narrow the match so that it leaves %s alone (Name=!%s, or a name glob that does not cover it)", l.Name, l.Name),
+				Kinds: []string{"link", "address", "route"}})
 		}
 	}
 	return out
@@ -337,4 +346,16 @@ func running(proc, comm string) bool {
 		}
 	}
 	return false
+}
+
+// WatchDirs are the directories whose changes can change what Networkd
+// finds: each search directory (where networkd.conf lives) and its
+// network and networkd.conf.d. A watcher watches those that exist and
+// finds the others at its next periodic look.
+func (p Paths) WatchDirs() []string {
+	var out []string
+	for _, d := range SearchDirs {
+		out = append(out, p.path(d), p.path(d, "network"), p.path(d, "networkd.conf.d"))
+	}
+	return out
 }
