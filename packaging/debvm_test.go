@@ -17,10 +17,12 @@ import (
 // debVMPackages is the rootfs of the package test: a minimal Debian with
 // systemd and the tools the acceptance script observes with (dbus for
 // systemd-analyze security).
-var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools"}
+// networkd is in Debian 12's systemd package; network-manager is masked
+// until the step that runs it; tcpdump and ping watch the wire.
+var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools", "network-manager", "tcpdump", "iputils-ping"}
 
 // debSteps are the acceptance steps the script in the VM reports, in order.
-var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "security", "purge"}
+var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "networkd", "garp", "nm", "security", "purge"}
 
 var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 
@@ -97,7 +99,15 @@ func TestDebInSystemdVM(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The neighbours' steps, sourced by the script in name order.
+	steps, _ := filepath.Glob("testdata/steps/*.sh")
+	for _, f := range steps {
+		files["usr/local/lib/deb-acceptance/"+filepath.Base(f)] = f
+	}
 	links := map[string]string{
+		// NetworkManager would take the VM's links from the first step on:
+		// the nm step unmasks and starts it.
+		"etc/systemd/system/NetworkManager.service": "/dev/null",
 		"etc/systemd/system/default.target.wants/deb-acceptance.service": "/etc/systemd/system/deb-acceptance.service",
 		// The console is the test's output, not a login prompt.
 		"etc/systemd/system/serial-getty@ttyS0.service": "/dev/null",

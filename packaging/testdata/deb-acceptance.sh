@@ -293,6 +293,13 @@ check one-address-throughout test "$(seen)" = "$first"
 kill "$mon"
 seen | sed 's/^/    shim0 had /'
 
+# --- the neighbours: networkd, udev on the wire, NetworkManager -----------
+# Each is a file of its own (testdata/steps, in name order), sourced here
+# with this script's helpers; each begins its own step.
+for f in /usr/local/lib/deb-acceptance/*.sh; do
+	[[ -e $f ]] && . "$f"
+done
+
 # --- 8. systemd-analyze security -------------------------------------------
 begin security
 systemd-analyze security --no-pager nodeagent.service | sed 's/^/    /'
