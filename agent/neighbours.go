@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"slices"
 
 	"github.com/fsnotify/fsnotify"
 
@@ -20,7 +21,8 @@ func watchNeighbours(ctx context.Context, p hazard.Paths, changed func(), log *s
 		return
 	}
 	n := 0
-	for _, dir := range p.WatchDirs() {
+	dirs := p.WatchDirs()
+	for _, dir := range dirs {
 		if w.Add(dir) == nil {
 			n++
 		}
@@ -35,9 +37,14 @@ func watchNeighbours(ctx context.Context, p hazard.Paths, changed func(), log *s
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-w.Events:
+			case ev, ok := <-w.Events:
 				if !ok {
 					return
+				}
+				// A directory of the search path made since (networkd.conf.d
+				// for a drop-in) is watched from now on.
+				if ev.Has(fsnotify.Create) && slices.Contains(dirs, ev.Name) {
+					w.Add(ev.Name)
 				}
 				changed()
 			case err, ok := <-w.Errors:
