@@ -112,6 +112,11 @@ func (c *Conn) Probe(ctx context.Context, ips []netip.Addr, cfg Config) (map[net
 		want[ip] = true
 	}
 	found := map[netip.Addr]net.HardwareAddr{}
+	// A probe before this one on the socket ended with a deadline in the
+	// past, to stop its listener; this one listens until it stops it.
+	if err := c.pc.SetReadDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("arp on %s: %w", link, err)
+	}
 	done := make(chan error, 1)
 	stop := make(chan struct{})
 	go func() { done <- c.listen(want, found, stop) }()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -15,6 +16,10 @@ import (
 // read and written here with raw rtnetlink messages.
 const ifaProto = 11
 
+// Forever is the lifetime of an address that does not expire
+// (INFINITY_LIFE_TIME).
+const Forever = ^uint32(0)
+
 // Addr is an interface address as the kernel reports it.
 type Addr struct {
 	LinkIndex int
@@ -22,10 +27,60 @@ type Addr struct {
 	Scope     uint8
 	Flags     uint32
 	Proto     uint8
+	// ValidLft and PreferredLft are the seconds left of its lifetimes
+	// (IFA_CACHEINFO), Forever for an address that does not expire.
+	ValidLft, PreferredLft uint32
+	// Metric is its prefix route's metric (IFA_RT_PRIORITY), 0 when unset.
+	Metric uint32
 }
 
 // Owned reports whether the address carries nodeagent's IFA_PROTO mark.
 func (a Addr) Owned() bool { return a.Proto == Proto }
+
+// requestFlags are the IFA_F_* flags a program asks for when it adds an
+// address; nodeagent asks for none of them. The other flags are the
+// kernel's own state (permanent, secondary, tentative, deprecated,
+// dadfailed, optimistic during DAD) and say nothing of who added it.
+const requestFlags = unix.IFA_F_NODAD | unix.IFA_F_HOMEADDRESS | unix.IFA_F_MANAGETEMPADDR |
+	unix.IFA_F_NOPREFIXROUTE | unix.IFA_F_MCAUTOJOIN
+
+// Form says how the address differs from the form nodeagent gives the
+// addresses it adds (no request flags, lifetimes forever, no metric),
+// in `ip addr` words: "noprefixroute", "valid_lft 300sec", "metric 400".
+// It is empty for an address in nodeagent's form, whoever marked it: the
+// IFA_PROTO mark is Owned's business.
+func (a Addr) Form() []string {
+	var out []string
+	for _, f := range []struct {
+		flag uint32
+		name string
+	}{
+		{unix.IFA_F_NOPREFIXROUTE, "noprefixroute"},
+		{unix.IFA_F_NODAD, "nodad"},
+		{unix.IFA_F_HOMEADDRESS, "home"},
+		{unix.IFA_F_MANAGETEMPADDR, "mngtmpaddr"},
+		{unix.IFA_F_MCAUTOJOIN, "autojoin"},
+	} {
+		if a.Flags&f.flag != 0 {
+			out = append(out, f.name)
+		}
+	}
+	if a.ValidLft != Forever {
+		out = append(out, fmt.Sprintf("valid_lft %dsec", a.ValidLft))
+	} else if a.PreferredLft != Forever {
+		out = append(out, fmt.Sprintf("preferred_lft %dsec", a.PreferredLft))
+	}
+	if a.Metric != 0 {
+		out = append(out, fmt.Sprintf("metric %d", a.Metric))
+	}
+	return out
+}
+
+// Plain reports whether the address has the form the kernel gives one
+// added with no options (`ip addr add 192.0.2.1/24 dev eth0`): no
+// IFA_PROTO, no request flags, lifetimes forever, no metric. That is how
+// an address configured before nodeagent ran usually looks.
+func (a Addr) Plain() bool { return a.Proto == 0 && len(a.Form()) == 0 }
 
 // AddrList dumps every IPv4 and IPv6 address in the namespace.
 func (h *Host) AddrList() ([]Addr, error) {
@@ -95,7 +150,7 @@ func parseAddr(m []byte) (Addr, error) {
 		return Addr{}, fmt.Errorf("short ifaddrmsg")
 	}
 	msg := nl.DeserializeIfAddrmsg(m)
-	a := Addr{LinkIndex: int(msg.Index), Scope: msg.Scope, Flags: uint32(msg.Flags)}
+	a := Addr{LinkIndex: int(msg.Index), Scope: msg.Scope, Flags: uint32(msg.Flags), ValidLft: Forever, PreferredLft: Forever}
 	attrs, err := nl.ParseRouteAttr(m[unix.SizeofIfAddrmsg:])
 	if err != nil {
 		return Addr{}, err
@@ -114,6 +169,16 @@ func parseAddr(m []byte) (Addr, error) {
 		case ifaProto:
 			if len(at.Value) >= 1 {
 				a.Proto = at.Value[0]
+			}
+		case unix.IFA_CACHEINFO:
+			// struct ifa_cacheinfo: ifa_prefered, ifa_valid, cstamp, tstamp.
+			if len(at.Value) >= 8 {
+				a.PreferredLft = nl.NativeEndian().Uint32(at.Value[0:4])
+				a.ValidLft = nl.NativeEndian().Uint32(at.Value[4:8])
+			}
+		case unix.IFA_RT_PRIORITY:
+			if len(at.Value) >= 4 {
+				a.Metric = nl.NativeEndian().Uint32(at.Value)
 			}
 		}
 	}
@@ -135,6 +200,85 @@ func parseAddr(m []byte) (Addr, error) {
 // kernels before 6.1, where ownership falls back to owning the link).
 func (h *Host) AddrAdd(linkIndex int, p netip.Prefix) error {
 	return h.addrMsg(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK, linkIndex, p)
+}
+
+// replaceSetsProto4 reports whether an NLM_F_REPLACE of an existing IPv4
+// address takes the IFA_PROTO it carries: Linux 6.3 and later (before,
+// inet_rtm_newaddr kept the old one; IPv6 took it from 6.1, where
+// IFA_PROTO came).
+var replaceSetsProto4 = sync.OnceValue(func() bool { return kernelAtLeast(6, 3) })
+
+// AddrMarkInPlace reports whether the kernel puts nodeagent's IFA_PROTO
+// mark on an existing address of p's family in place, without removing it.
+func (h *Host) AddrMarkInPlace(p netip.Prefix) bool {
+	return h.AddrProto && (!p.Addr().Is4() || replaceSetsProto4())
+}
+
+// AddrReown gives a, an address present on its link without nodeagent's
+// mark or in another form (Form), nodeagent's mark and form, and reports
+// whether that was done in place. With inPlaceOnly it never deletes the
+// address: what a replace cannot fix is an error.
+//
+// In place is an RTM_NEWADDR with NLM_F_REPLACE: the address never leaves
+// the link. What the kernel updates that way depends on its version
+// (inet_rtm_newaddr, inet6_addr_modify): IPv6 takes the new IFA_PROTO,
+// flags and lifetimes but keeps a non-zero metric; IPv4 takes the
+// lifetimes and metric, takes IFA_PROTO only from Linux 6.3 on (6.1, as
+// in Debian 12, keeps the old one), and never changes the flags, so an
+// IPv4 address with noprefixroute is not even tried in place. The result
+// is read back, and what the replace did not fix is deleted and added
+// again in two consecutive messages, with nothing (no duplicate-address
+// detection: the address was on this link until then) in between.
+func (h *Host) AddrReown(a Addr, inPlaceOnly bool) (inPlace bool, err error) {
+	p := a.Prefix
+	if !p.Addr().Is4() || a.Flags&requestFlags == 0 {
+		if err := h.addrMsg(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK, a.LinkIndex, p); err != nil {
+			return false, err
+		}
+		now, err := h.addrOn(a.LinkIndex, p)
+		if err != nil {
+			return false, err
+		}
+		if now != nil && (now.Owned() || !h.AddrProto) && len(now.Form()) == 0 {
+			return true, nil
+		}
+	}
+	if inPlaceOnly {
+		return false, fmt.Errorf("the kernel did not mark %s in place; left as it is", p)
+	}
+	if err := h.AddrDel(a.LinkIndex, p); err != nil {
+		return false, err
+	}
+	return false, h.AddrAdd(a.LinkIndex, p)
+}
+
+// addrOn reads the address p of the link, nil when it has none: a dump
+// of that link's addresses of p's family, which the kernel filters itself
+// on a socket with strict checking.
+func (h *Host) addrOn(linkIndex int, p netip.Prefix) (*Addr, error) {
+	family := unix.AF_INET6
+	if p.Addr().Is4() {
+		family = unix.AF_INET
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP)
+	msg := nl.NewIfAddrmsg(family)
+	sock := h.route
+	if h.strict != nil {
+		msg.Index = uint32(linkIndex)
+		sock = h.strict
+	}
+	req.AddData(msg)
+	h.Dumped(DumpAddresses)
+	addrs, err := dumpOn(h, sock, req, unix.RTM_NEWADDR, parseAddr)
+	if err != nil {
+		return nil, fmt.Errorf("read back address %s: %w", p, err)
+	}
+	for _, a := range addrs {
+		if a.LinkIndex == linkIndex && a.Prefix == p {
+			return &a, nil
+		}
+	}
+	return nil, nil
 }
 
 // AddrDel removes p from the link. An address that is already gone is

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/arp"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -84,6 +85,17 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			}
 		case OpDelAddr:
 			err = h.AddrDel(index[o.Link], o.Addr)
+		case OpReownAddr:
+			// No detection: the address is on this link, only in another
+			// form or without the mark. One that lacks only the mark is
+			// never deleted to get it (the package comment).
+			_, err = h.AddrReown(host.Addr{LinkIndex: index[o.Link], Prefix: o.Addr, Flags: o.OldAddr.Flags}, len(o.OldAddr.Form) == 0)
+			if err == nil && o.Addr.Addr().Is4() {
+				mem := claimsOf(h)
+				mem.mu.Lock()
+				mem.sawOurs(o.Link, o.Addr.Addr(), time.Now())
+				mem.mu.Unlock()
+			}
 		case OpAddAddr:
 			addrOps = append(addrOps, i)
 		}
@@ -164,6 +176,13 @@ func createLink(h *host.Host, l Link, index map[string]int, want int) (host.Link
 // ARP sockets for every link are opened in one pass and the links are
 // probed in parallel, so 1000 links cost one probe wait, not 1000; the same
 // sockets then send the announcements.
+//
+// An address that was nodeagent's moments ago and never in conflict
+// (claims.go) is re-added after the quick check, in a first round: its
+// links are probed, it is added and announced before the addresses that
+// take the full detection (new ones, and ones a conflict was seen for)
+// are probed in a second round, so that a repair never waits for another
+// address's full detection.
 func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[string]int, mac map[string]net.HardwareAddr, r plan.Report) {
 	if len(ids) == 0 {
 		return
@@ -172,6 +191,63 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 	up := map[string]bool{}
 	for _, l := range d.Links {
 		up[l.Name] = l.Up
+	}
+	mem := claimsOf(h)
+	var quickIDs, fullIDs []int
+	now := time.Now()
+	for _, i := range ids {
+		o := p.Ops[i]
+		if d.DAD != nil && o.Addr.Addr().Is4() && mem.recent(o.Link, o.Addr.Addr(), now) {
+			quickIDs = append(quickIDs, i)
+		} else {
+			fullIDs = append(fullIDs, i)
+		}
+	}
+
+	// A link that is down cannot probe; its addresses are added unprobed.
+	conns := map[string]*arp.Conn{}
+	if d.DAD != nil {
+		var ifis []*net.Interface
+		seen := map[string]bool{}
+		for _, i := range ids {
+			o := p.Ops[i]
+			if seen[o.Link] || !up[o.Link] || !o.Addr.Addr().Is4() {
+				continue
+			}
+			seen[o.Link] = true
+			ifis = append(ifis, &net.Interface{Index: index[o.Link], Name: o.Link, HardwareAddr: mac[o.Link]})
+		}
+		cs, err := arp.Open(h, ifis)
+		if err != nil {
+			for _, i := range ids {
+				r[i].Err = fmt.Errorf("%s: duplicate-address detection: %w; not added", p.Ops[i].Object(), err)
+			}
+			return
+		}
+		for i, c := range cs {
+			conns[ifis[i].Name] = c
+			defer c.Close()
+		}
+	}
+	var announcing sync.WaitGroup
+	if len(quickIDs) > 0 {
+		probeAdd(ctx, h, p, quickIDs, quick(*d.DAD), index, conns, &announcing, r)
+	}
+	cfg := arp.Config{}
+	if d.DAD != nil {
+		cfg = *d.DAD
+	}
+	probeAdd(ctx, h, p, fullIDs, cfg, index, conns, &announcing, r)
+	announcing.Wait()
+}
+
+// probeAdd probes the addresses of the ops at ids with cfg on the links of
+// conns (links without one are not probed), links in parallel, adds those
+// nobody answered for, and starts their announcements in announcing,
+// which reports into r. A conflict is remembered (claims.go).
+func probeAdd(ctx context.Context, h *host.Host, p Plan, ids []int, cfg arp.Config, index map[string]int, conns map[string]*arp.Conn, announcing *sync.WaitGroup, r plan.Report) {
+	if len(ids) == 0 {
+		return
 	}
 	byLink := map[string][]netip.Prefix{}
 	var order []string
@@ -182,33 +258,6 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 		}
 		byLink[o.Link] = append(byLink[o.Link], o.Addr)
 	}
-	failAll := func(err error) {
-		for _, i := range ids {
-			r[i].Err = fmt.Errorf("%s: %w", p.Ops[i].Object(), err)
-		}
-	}
-
-	// A link that is down cannot probe; its addresses are added unprobed.
-	conns := map[string]*arp.Conn{}
-	if d.DAD != nil {
-		var ifis []*net.Interface
-		for _, link := range order {
-			if !up[link] || len(v4(byLink[link])) == 0 {
-				continue
-			}
-			ifis = append(ifis, &net.Interface{Index: index[link], Name: link, HardwareAddr: mac[link]})
-		}
-		cs, err := arp.Open(h, ifis)
-		if err != nil {
-			failAll(fmt.Errorf("duplicate-address detection: %w; not added", err))
-			return
-		}
-		for i, c := range cs {
-			conns[ifis[i].Name] = c
-			defer c.Close()
-		}
-	}
-
 	type result struct {
 		taken map[netip.Addr]net.HardwareAddr
 		err   error
@@ -222,12 +271,13 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res.taken, res.err = c.Probe(ctx, v4(byLink[link]), *d.DAD)
+				res.taken, res.err = c.Probe(ctx, v4(byLink[link]), cfg)
 			}()
 		}
 	}
 	wg.Wait()
 
+	mem := claimsOf(h)
 	added := map[string][]netip.Addr{}
 	addedOp := map[string][]int{}
 	for _, i := range ids {
@@ -238,6 +288,7 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 			continue
 		}
 		if m, ok := res.taken[o.Addr.Addr()]; ok {
+			mem.sawConflict(o.Link, o.Addr.Addr(), time.Now())
 			r[i].Err = fmt.Errorf("%s: not added: %w", o.Object(), &arp.ConflictError{Link: o.Link, IP: o.Addr.Addr(), MAC: m})
 			continue
 		}
@@ -250,27 +301,27 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 			continue
 		}
 		if o.Addr.Addr().Is4() {
+			mem.mu.Lock()
+			mem.sawOurs(o.Link, o.Addr.Addr(), time.Now())
+			mem.mu.Unlock()
 			added[o.Link] = append(added[o.Link], o.Addr.Addr())
 			addedOp[o.Link] = append(addedOp[o.Link], i)
 		}
 	}
-	var mu sync.Mutex
 	for link, ips := range added {
 		c := conns[link]
 		if c == nil {
 			continue
 		}
-		wg.Add(1)
+		announcing.Add(1)
 		go func() {
-			defer wg.Done()
-			if err := c.Announce(ctx, ips, *d.DAD); err != nil {
-				mu.Lock()
+			defer announcing.Done()
+			if err := c.Announce(ctx, ips, cfg); err != nil {
+				// Each op's entry is written by this goroutine only.
 				for _, i := range addedOp[link] {
 					r[i].Err = fmt.Errorf("%s: announce: %w", p.Ops[i].Object(), err)
 				}
-				mu.Unlock()
 			}
 		}()
 	}
-	wg.Wait()
 }

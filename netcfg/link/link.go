@@ -7,6 +7,26 @@
 // modified unless the config says adopt. Addresses are nodeagent's when they
 // carry IFA_PROTO host.Proto; on kernels before 6.1, which drop IFA_PROTO,
 // the global addresses of owned links are treated as owned.
+//
+// A configured address present in another form is not nodeagent's, even
+// with the right prefix: NetworkManager, reapplying a link it took as
+// "connected (externally)", deletes the address and adds the same prefix
+// back with noprefixroute and no mark. The plan re-owns such an address
+// (OpReownAddr): it gives it nodeagent's mark and form, in place where the
+// kernel can (host.Host.AddrReown), and the op is a repair of an address.
+//
+// The rule for an address without the mark in the plain kernel form (no
+// IFA_PROTO, no request flags, lifetimes forever, no metric: what
+// `ip addr add` without options makes, and how an address configured
+// before nodeagent ran looks) is that it is never deleted to be marked:
+// it gets the mark in place, with one NLM_F_REPLACE message that changes
+// nothing else, where the kernel sets IFA_PROTO that way (IPv6 from Linux
+// 6.1, IPv4 from 6.3). Where it does not (IPv4 on 6.1 and 6.2, as in
+// Debian 12), such an address is accepted as it stands on an owned link
+// and on one being adopted: no op, and, carrying no mark, it is not
+// deleted when the config drops it. An address in any other form is
+// re-owned on an owned or adopted link, by deleting and adding it when the
+// kernel cannot change its form in place (noprefixroute on IPv4).
 package link
 
 import (
@@ -76,8 +96,23 @@ type ObservedLink struct {
 // ObservedAddr is one address on an observed link.
 type ObservedAddr struct {
 	Prefix netip.Prefix
-	Owned  bool // carries nodeagent's mark (or is global on an owned link on old kernels)
+	// Owned: it carries nodeagent's mark (or, before Linux 6.1, it is a
+	// global address of an owned link).
+	Owned bool
+	// Form is how it differs from the form nodeagent gives its addresses
+	// (host.Addr.Form: "noprefixroute", "valid_lft 300sec"); empty when
+	// it has that form.
+	Form []string
+	// Flags are its IFA_F_* flags, which tell AddrReown whether a replace
+	// can fix it in place.
+	Flags uint32
+	// Markable: the kernel can put nodeagent's mark on it in place
+	// (host.Host.AddrMarkInPlace).
+	Markable bool
 }
+
+// ours reports whether the address is nodeagent's in nodeagent's form.
+func (a ObservedAddr) ours() bool { return a.Owned && len(a.Form) == 0 }
 
 // Observed is the kernel state that matters to this subsystem: every link
 // nodeagent owns (including ones whose creation was interrupted) and every
@@ -115,6 +150,7 @@ const (
 	OpSetMTU
 	OpSetUp
 	OpDelAddr
+	OpReownAddr // present in another form or without the mark: made nodeagent's
 	OpAddAddr
 	OpPending  // not applied now: waits for its parent to appear
 	OpConflict // not applied: reported as a failure for its object
@@ -128,6 +164,8 @@ type Op struct {
 	Old     ObservedLink     // for delete and change
 	OldMAC  net.HardwareAddr // for a MAC change
 	Addr    netip.Prefix     // for address ops
+	OldAddr ObservedAddr     // for a re-own: the address as it was found
+	Adopt   bool             // for a re-own: marks a plain address on a link being adopted
 	Reason  string           // for conflicts and recreations
 	Wait    string           // for pending: the parent it waits for
 }
@@ -148,7 +186,7 @@ func (o Op) Action() Action {
 // Entry is the op as a line of the sync's report.
 func (o Op) Entry() plan.Entry {
 	kind := plan.KindLink
-	if o.Kind == OpAddAddr || o.Kind == OpDelAddr {
+	if o.Kind == OpAddAddr || o.Kind == OpDelAddr || o.Kind == OpReownAddr {
 		kind = plan.KindAddress
 	}
 	e := plan.Entry{Subsystem: plan.Links, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String()}
@@ -168,7 +206,7 @@ func (p Plan) Report() plan.Report { return plan.ReportOf(p.Ops) }
 // Object names the kernel object the op is about, for errors and status.
 func (o Op) Object() string {
 	switch o.Kind {
-	case OpAddAddr, OpDelAddr:
+	case OpAddAddr, OpDelAddr, OpReownAddr:
 		return fmt.Sprintf("address %s on %s", o.Addr, o.Link)
 	}
 	return "link " + o.Link
@@ -198,6 +236,12 @@ func (o Op) String() string {
 		s = fmt.Sprintf("link %s %s -> %s", o.Link, upDown(o.Old.Up), upDown(o.Desired.Up))
 	case OpAddAddr, OpDelAddr:
 		s = o.Object()
+	case OpReownAddr:
+		if o.Adopt {
+			s = fmt.Sprintf("adopt %s (mark as nodeagent's)", o.Object())
+		} else {
+			s = fmt.Sprintf("re-own %s (%s)", o.Object(), o.Reason)
+		}
 	case OpConflict:
 		s = fmt.Sprintf("%s: %s", o.Object(), o.Reason)
 	case OpPending:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 )
@@ -13,7 +14,8 @@ import (
 // nodeagent owns (marked, or born with host.CreatingGroup and not yet
 // marked) and every link d names as a link or a parent. It reads them from
 // the sync's snapshot s (one link dump and one address dump, shared with
-// the subsystems that need them too).
+// the subsystems that need them too). It remembers the IPv4 addresses it
+// finds to be nodeagent's, for the check of a re-add (claims.go).
 func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error) {
 	links, err := s.Links()
 	if err != nil {
@@ -53,6 +55,11 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		return Observed{}, err
 	}
 	h := s.Host()
+	// Each address seen as nodeagent's is remembered, so that a re-add of
+	// it soon after takes the quick check (claims.go).
+	mem, now := claimsOf(h), time.Now()
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
 	for _, a := range addrs {
 		name, ok := keep[a.LinkIndex]
 		if !ok || a.Prefix.Addr().IsLinkLocalUnicast() {
@@ -62,7 +69,13 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		// Before Linux 6.1 the kernel drops IFA_PROTO; then the global
 		// addresses of a link nodeagent owns are taken to be its own.
 		owned := a.Owned() || (!h.AddrProto && ol.Owned && a.Scope == 0)
-		ol.Addrs = append(ol.Addrs, ObservedAddr{Prefix: a.Prefix, Owned: owned})
+		if owned && a.Prefix.Addr().Is4() {
+			mem.sawOurs(name, a.Prefix.Addr(), now)
+		}
+		ol.Addrs = append(ol.Addrs, ObservedAddr{
+			Prefix: a.Prefix, Owned: owned, Form: a.Form(), Flags: a.Flags,
+			Markable: h.AddrMarkInPlace(a.Prefix),
+		})
 		o.Links[name] = ol
 	}
 	return o, nil

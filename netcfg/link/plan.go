@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 )
 
 // MakePlan computes the ops that take o to d. It is a pure function.
@@ -108,8 +109,13 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 	// A link has a handful of addresses: scanning beats building maps, and
 	// this runs for every link on every sync.
 	for _, a := range l.Addrs {
-		if !slices.ContainsFunc(ol.Addrs, func(o ObservedAddr) bool { return o.Prefix == a }) {
+		i := slices.IndexFunc(ol.Addrs, func(o ObservedAddr) bool { return o.Prefix == a })
+		if i < 0 {
 			ops = append(ops, Op{Kind: OpAddAddr, Link: l.Name, Addr: a})
+			continue
+		}
+		if op, ok := reown(l.Name, ol, ol.Addrs[i]); ok {
+			ops = append(ops, op)
 		}
 	}
 	for _, a := range ol.Addrs {
@@ -118,6 +124,25 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 		}
 	}
 	return ops
+}
+
+// reown is the op that makes oa, a configured address found on ol, nodeagent's
+// again, and whether one is needed (the rule is in the package comment):
+// an address in another form always, one without the mark only where
+// the kernel marks it in place. An address without the mark in the plain
+// form on a link being adopted is adopted: marked, nothing else.
+func reown(link string, ol ObservedLink, oa ObservedAddr) (Op, bool) {
+	if oa.ours() || (len(oa.Form) == 0 && !oa.Markable) {
+		return Op{}, false
+	}
+	op := Op{Kind: OpReownAddr, Link: link, Addr: oa.Prefix, OldAddr: oa}
+	why := slices.Clone(oa.Form)
+	if !oa.Owned {
+		why = append(why, "not ours")
+	}
+	op.Reason = strings.Join(why, ", ")
+	op.Adopt = !ol.Owned && len(oa.Form) == 0
+	return op, true
 }
 
 // waitingForParent returns the desired links that cannot be created yet,

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
@@ -70,6 +71,36 @@ func TestMakePlan(t *testing.T) {
 				l.Addrs = append(l.Addrs, ObservedAddr{Prefix: pfx("192.0.2.9/32")})
 			}))},
 			"- address 10.10.50.1/24 on enp1s0.50\n+ address 10.10.50.2/24 on enp1s0.50\n"},
+		// NetworkManager's reapply: the prefix back without the mark, with
+		// noprefixroute.
+		{"an address in NetworkManager's form is re-owned", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Form: []string{"noprefixroute"}, Flags: 0x280}
+		}))},
+			"~ re-own address 10.10.50.1/24 on enp1s0.50 (noprefixroute, not ours)\n"},
+		{"an address of ours that expires is re-owned", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Addrs[0].Form = []string{"valid_lft 300sec"}
+		}))},
+			"~ re-own address 10.10.50.1/24 on enp1s0.50 (valid_lft 300sec)\n"},
+		{"a plain address without the mark is marked where the kernel does it in place", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Markable: true}
+		}))},
+			"~ re-own address 10.10.50.1/24 on enp1s0.50 (not ours)\n"},
+		{"a plain address without the mark is left where the kernel cannot mark it in place", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24")}
+		}))}, ""},
+		{"a plain address left so is not deleted with the config", []Link{with(v50, func(l *Link) { l.Addrs = nil })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24")}
+		}))}, ""},
+		{"adopt marks a plain address in place", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Owned = false
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Markable: true}
+		}))},
+			"~ link enp1s0.50 adopt (mark as nodeagent's)\n~ adopt address 10.10.50.1/24 on enp1s0.50 (mark as nodeagent's)\n"},
+		{"adopt re-owns an address in another form", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Owned = false
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Form: []string{"noprefixroute"}, Markable: true}
+		}))},
+			"~ link enp1s0.50 adopt (mark as nodeagent's)\n~ re-own address 10.10.50.1/24 on enp1s0.50 (noprefixroute, not ours)\n"},
 		{"down", []Link{with(v50, func(l *Link) { l.Up = false })}, Observed{Links: links(trunk, v50obs)},
 			"~ link enp1s0.50 up -> down\n"},
 		{"interrupted create is marked", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Interrupted = true }))},
@@ -95,5 +126,15 @@ func TestMakePlan(t *testing.T) {
 				t.Errorf("plan (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A re-own is a write of an address: what the drift metrics count as a
+// repair of kind "address".
+func TestReownIsAnAddressWrite(t *testing.T) {
+	o := Op{Kind: OpReownAddr, Link: "shim0", Addr: pfx("10.10.50.3/24"), Reason: "noprefixroute, not ours"}
+	e := o.Entry()
+	if e.Kind != plan.KindAddress || !e.Writes() || e.Object != "address 10.10.50.3/24 on shim0" || e.Text != "~ re-own address 10.10.50.3/24 on shim0 (noprefixroute, not ours)" {
+		t.Errorf("entry %+v", e)
 	}
 }
