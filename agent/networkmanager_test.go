@@ -196,3 +196,30 @@ func drainChanges(ch chan struct{}) {
 	default:
 	}
 }
+
+// Without a bus the watch reports nothing, retries quietly, and stops
+// with its context.
+func TestNMWatchNoBus(t *testing.T) {
+	defer func(a string, r time.Duration) { nmBusAddress, nmRetry = a, r }(nmBusAddress, nmRetry)
+	nmBusAddress, nmRetry = "unix:path="+t.TempDir()+"/none", 50*time.Millisecond
+	var logs nmLog
+	ctx, cancel := context.WithCancel(context.Background())
+	w := startNetworkManager(ctx, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), func() {})
+	links := []string{"wg0"}
+	if hs := w.hazards(links); hs != nil {
+		t.Errorf("no bus: %v", hs)
+	}
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch did not stop with its context")
+	}
+	if n := logs.count("level=DEBUG msg=\"NetworkManager's bus\""); n < 2 {
+		t.Errorf("%d retries logged at DEBUG in 300ms, want several", n)
+	}
+	if n := logs.count("level=INFO") + logs.count("level=WARN"); n != 0 {
+		t.Errorf("a missing bus logged above DEBUG:\n%s", logs.String())
+	}
+}
