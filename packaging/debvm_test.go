@@ -85,6 +85,11 @@ func TestDebInSystemdVM(t *testing.T) {
 		"etc/systemd/system/deb-acceptance.service": "testdata/deb-acceptance.service",
 		"root/deb/" + filepath.Base(debs[0]):        debs[0],
 	}
+	// The neighbours' steps, sourced by the script in name order.
+	steps, _ := filepath.Glob("testdata/steps/*.sh")
+	for _, f := range steps {
+		files["usr/local/lib/deb-acceptance/"+filepath.Base(f)] = f
+	}
 	for dst, src := range files {
 		b, err := os.ReadFile(src)
 		if err != nil {
@@ -98,11 +103,6 @@ func TestDebInSystemdVM(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(overlay, dst), b, mode); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// The neighbours' steps, sourced by the script in name order.
-	steps, _ := filepath.Glob("testdata/steps/*.sh")
-	for _, f := range steps {
-		files["usr/local/lib/deb-acceptance/"+filepath.Base(f)] = f
 	}
 	links := map[string]string{
 		// NetworkManager would take the VM's links from the first step on:

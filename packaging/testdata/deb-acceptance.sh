@@ -322,14 +322,14 @@ check peer-file-kept test -s /etc/nodeagent/peers.d/good1.yaml
 check cred-kept test -s /etc/nodeagent/pia.cred
 check says-kept sh -c 'grep -q "purge kept" /root/purge.out && grep -q "^nodeagent:   /etc/nodeagent/keys/wg0.key$" /root/purge.out'
 check says-teardown grep -q "run 'nodeagent teardown' before removing" /root/purge.out
-check kernel-vlan-stays ip link show trunk0.50
+check kernel-vlan-stays ip link show "$VLAN"
 check kernel-wg-stays ip link show wg0
 check kernel-nft-stays nft list table inet nodeagent
 check kernel-rule-stays sh -c 'ip rule show | grep -q "^1000:"'
 # teardown is the explicit way: reinstall (not started), tear down, purge.
 check reinstall dpkg -i "$deb"
 check teardown nodeagent teardown
-check vlan-gone sh -c '! ip link show trunk0.50'
+check vlan-gone sh -c "! ip link show $VLAN"
 check wg-gone sh -c '! ip link show wg0'
 check nft-gone sh -c '! nft list table inet nodeagent'
 check rule-gone sh -c '! ip rule show | grep -q "^1000:"'
