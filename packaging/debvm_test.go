@@ -33,10 +33,12 @@ var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 // it with a test config (a VLAN on a dummy trunk, a rule, a masquerade,
 // kernel and userspace WireGuard), reloads it, kills it, wedges it for the
 // watchdog, prints the unit's systemd-analyze security score and purges it.
-// Each step is a subtest; each check in it that failed is an error.
+// Before the score, the neighbours' steps (testdata/steps) run the gateway
+// config beside real systemd-networkd, udevd and NetworkManager. Each step
+// is a subtest; each check in it that failed is an error.
 //
 // It runs as root with NODEAGENT_DEB_VM=1 (make test sets it): it takes
-// about two minutes on two cores.
+// about five minutes on two cores.
 func TestDebInSystemdVM(t *testing.T) {
 	if os.Getenv("NODEAGENT_DEB_VM") != "1" {
 		t.Skip("set NODEAGENT_DEB_VM=1 (as root) to build the .deb and boot it in a systemd VM")
