@@ -195,9 +195,11 @@ func (w *nmWatch) session(ctx context.Context) error {
 
 // refresh reads what NetworkManager holds of nodeagent's links, asks it to
 // leave each it holds alone (once per device object: a restarted
-// NetworkManager, or a re-created link, is asked again; a refusal is asked
-// again after nmRetry; a link it took back is left to it), and sets the
-// view to those it still holds. An error is the bus's, not
+// NetworkManager that holds a link, or a re-created link, is asked again;
+// a refusal is asked again after nmRetry), and sets the view to those it
+// still holds. A link it took back (held after it was seen to let it go,
+// up and unmanaged, under this instance) is reported, not fought over:
+// an operator's nmcli device set ... managed yes. An error is the bus's, not
 // NetworkManager's.
 func (w *nmWatch) refresh(ctx context.Context, c *nmbus.Conn, inst *nmInstance) error {
 	ctx, cancel := context.WithTimeout(ctx, nmReadTimeout)
@@ -237,6 +239,13 @@ func (w *nmWatch) refresh(ctx context.Context, c *nmbus.Conn, inst *nmInstance) 
 			continue
 		}
 		if !d.Holds() {
+			// An up link it does not manage is one it leaves alone (asked
+			// by an earlier watch or instance, or by its configuration):
+			// its holding the link later is a takeback, not asked again.
+			if _, ok := inst.asked[d.Path]; !ok && d.Up && d.Path != "" {
+				inst.asked[d.Path] = time.Now()
+			}
+			delete(inst.refused, d.Name)
 			continue
 		}
 		at, asked := inst.asked[d.Path]

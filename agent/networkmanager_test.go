@@ -153,6 +153,16 @@ func TestNMWatch(t *testing.T) {
 	if nm.Sets() != sets || nm.Managed("trunk1.50") {
 		t.Errorf("after a restart that kept them unmanaged: %d sets, managed %v", nm.Sets()-sets, nm.Managed("trunk1.50"))
 	}
+	// ... and its taking one back under that instance is reported, not
+	// fought over.
+	nm.SetManaged("trunk1.50", true)
+	until("a takeback after a restart reported", hazardsNamed(`holds nodeagent's link trunk1.50 as its connection "trunk1.50" (external) again after`))
+	time.Sleep(3 * nmRetry)
+	if nm.Sets() != sets || !nm.Managed("trunk1.50") {
+		t.Errorf("the watch fought a takeback after a restart: %d sets", nm.Sets()-sets)
+	}
+	nm.SetManaged("trunk1.50", false)
+	until("no hazard once it lets go", hazardsNamed())
 
 	// A refusal is reported with NetworkManager's answer, short.
 	nm.KeepUnmanaged = false

@@ -10,7 +10,7 @@
 //
 // The API is NetworkManager's D-Bus API as of 1.42 (Debian 12): Manager
 // GetDeviceByIpIface; Device Managed (read-write since 1.2, a runtime
-// setting), State and ActiveConnection; Connection.Active Id, Uuid and
+// setting), State, InterfaceFlags and ActiveConnection; Connection.Active Id, Uuid and
 // StateFlags (EXTERNAL, 0x80, since 1.26: a connection NetworkManager
 // generated for a link it found configured).
 package nmbus
@@ -55,6 +55,8 @@ const (
 	maxString = 80
 	// stateFlagExternal is NM_ACTIVATION_STATE_FLAG_EXTERNAL.
 	stateFlagExternal = 0x80
+	// interfaceFlagUp is NM_DEVICE_INTERFACE_FLAG_UP.
+	interfaceFlagUp = 0x1
 )
 
 // ErrNotRunning is returned when NetworkManager has no owner on the bus.
@@ -101,6 +103,10 @@ type Device struct {
 	// Managed is the Device's Managed property.
 	Managed bool
 	State   State
+	// Up is whether the link is up (InterfaceFlags, since 1.22): an up
+	// link NetworkManager does not manage is one it was told to leave
+	// alone, not one it waits to see configured.
+	Up bool
 	// Connection is its active connection, nil when it has none.
 	Connection *Active
 	// Err is why it could not be read; the other fields are then not
@@ -322,6 +328,11 @@ func (c *Conn) Device(ctx context.Context, name string) (Device, error) {
 		return d, nil
 	}
 	d.Managed, d.State = managed, State(state)
+	// Older than 1.22 it is not there, and Up stays unknown (false).
+	var ifFlags uint32
+	if c.get(ctx, dev, deviceIface, "InterfaceFlags", &ifFlags) == nil {
+		d.Up = ifFlags&interfaceFlagUp != 0
+	}
 	if active == "/" || active == "" {
 		return d, nil
 	}

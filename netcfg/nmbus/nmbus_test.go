@@ -153,7 +153,7 @@ func TestAgainstStandIn(t *testing.T) {
 		t.Fatalf("%d devices, want 4", len(devs))
 	}
 	d := devs[0]
-	if !d.Holds() || d.Connection == nil || !d.Connection.External || d.Connection.ID != "trunk1.50" || d.State != nmbus.StateActivated {
+	if !d.Holds() || !d.Up || d.Connection == nil || !d.Connection.External || d.Connection.ID != "trunk1.50" || d.State != nmbus.StateActivated {
 		t.Errorf("trunk1.50: %+v %+v", d, d.Connection)
 	}
 	if !devs[1].Holds() || devs[1].Connection != nil {

@@ -321,6 +321,8 @@ func (p props) Get(iface, prop string) (dbus.Variant, *dbus.Error) {
 		v = d.managed
 	case !p.active && iface == deviceIface && prop == "State":
 		v = d.state
+	case !p.active && iface == deviceIface && prop == "InterfaceFlags":
+		v = uint32(0x10003) // up, lower up, carrier
 	case !p.active && iface == deviceIface && prop == "ActiveConnection":
 		v = dbus.ObjectPath("/")
 		if d.managed && d.conn != "" {
