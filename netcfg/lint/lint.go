@@ -20,6 +20,7 @@ import (
 func Check(c *config.Config) []*config.FieldError {
 	w := &checker{c: c}
 	w.shims()
+	w.translatedPorts()
 	slices.SortStableFunc(w.out, func(a, b *config.FieldError) int { return a.Line - b.Line })
 	return w.out
 }
@@ -107,6 +108,23 @@ func (w *checker) shims() {
 			w.warn(fmt.Sprintf("routing.tables[%d].routes[%d].dev", ti, ri),
 				"macvlan pods on %s never receive what the node sends out of %s itself; route %s via %s", r.Dev, r.Dev, to, shim)
 		}
+	}
+}
+
+// translatedPorts warns about a PIA port forwarded to another port. PIA
+// forwards one port, chosen by PIA; a torrent client announces to trackers
+// and the DHT the port it listens on, so one listening on a fixed toPort
+// announces a port peers cannot reach, and the forwarded port, which they
+// could, is never announced. The client should listen on the forwarded
+// port itself (onChange, the port file).
+func (w *checker) translatedPorts() {
+	for i, d := range w.c.WireGuard {
+		if d.PIA == nil || !d.PIA.PortForward.Enabled || d.PIA.PortForward.ToPort == 0 {
+			continue
+		}
+		w.warn(fmt.Sprintf("wireguard[%d].pia.portForward.toPort", i),
+			"the forwarded port is PIA's, not %d: a torrent client listening on %d announces a port peers cannot reach; drop toPort and set the client's port to the forwarded one (onChange)",
+			d.PIA.PortForward.ToPort, d.PIA.PortForward.ToPort)
 	}
 }
 

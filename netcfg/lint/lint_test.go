@@ -102,3 +102,30 @@ func TestExampleHasNoWarnings(t *testing.T) {
 		t.Errorf("the example warns:\n%s", strings.Join(s, "\n"))
 	}
 }
+
+// TestTranslatedPort: a fixed toPort is warned about (peers are told the
+// port the client listens on, which PIA does not forward); the forwarded
+// port's own number, or no port forwarding, is not.
+func TestTranslatedPort(t *testing.T) {
+	pia := "wireguard:\n  - name: wg-pia\n    pia:\n      region: nl\n      credentialsFile: /etc/x\n      portForward: %s\n" +
+		strings.Replace(newLayout, "    - id: 150\n", "    - id: 150\n      killSwitch: true\n", 1)
+	for _, tc := range []struct {
+		name, pf string
+		want     []string
+	}{
+		{"fixed toPort", "{enabled: true, to: 10.10.50.10, toPort: 6881}", []string{
+			"nodeagent.yaml:6: wireguard[0].pia.portForward.toPort: the forwarded port is PIA's, not 6881: a torrent client listening on 6881 announces a port peers cannot reach; drop toPort and set the client's port to the forwarded one (onChange)",
+		}},
+		{"the forwarded port's own", "{enabled: true, to: 10.10.50.10}", nil},
+		{"toPort 0", "{enabled: true, to: 10.10.50.10, toPort: 0}", nil},
+		{"reported only", "{enabled: true}", nil},
+		{"off", "{enabled: false}", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := warnings(t, strings.Replace(pia, "%s", tc.pf, 1))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("warnings (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
