@@ -297,6 +297,7 @@ func (m *Metrics) ServeListener(ctx context.Context, l net.Listener, log *slog.L
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
+	mux.Handle("/v1/portforward", m.PortForwardHandler())
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
