@@ -19,6 +19,7 @@ if [ "$what" = test ]; then
     qemu-system-x86 busybox-static xz-utils   # the VM tier (testenv/vm)
     mmdebstrap lintian                        # the package tier
     etcd-server                               # the Kubernetes tier
+    qbittorrent-nox curl                      # the forwarded port delivered to a real client (agent/qbittorrent_netns_test.go)
     git ca-certificates
   )
 fi
