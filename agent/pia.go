@@ -81,7 +81,11 @@ func readPIA(c *config.Config, o Options, h *host.Host, timers pia.Timers) map[s
 		if w.PIA == nil {
 			continue
 		}
-		s := piaSetup{id: fmt.Sprintf("%s|%s|%+v|%s", w.Name, w.PrivateKeyFile, *w.PIA, o.StateDir), pf: w.PIA.PortForward}
+		// The hook's fields are not the provider's: a changed onChange,
+		// every or hookTimeout keeps the provider (and its registration).
+		id := *w.PIA
+		id.PortForward.OnChange, id.PortForward.Every, id.PortForward.HookTimeout = nil, nil, 0
+		s := piaSetup{id: fmt.Sprintf("%s|%s|%+v|%s", w.Name, w.PrivateKeyFile, id, o.StateDir), pf: w.PIA.PortForward}
 		s.to, _ = netip.ParseAddr(w.PIA.PortForward.To)
 		for _, f := range w.PIA.DNS.For {
 			if p, err := netip.ParsePrefix(f); err == nil {
@@ -158,6 +162,7 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 			// The node's prefixes may have moved; a registration that
 			// now takes one of them is given up.
 			t.p.SetReserved(s.cfg.Reserved)
+			t.pf = s.pf
 			continue
 		}
 		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns, written: portUnknown}

@@ -264,12 +264,25 @@ type PortForward struct {
 	// of to, 0-65535; it needs to. Default: 0, the forwarded port's own
 	// number.
 	ToPort int `yaml:"toPort"`
-	// OnChange is a command run (argv, no shell; the first word an
-	// absolute path) once each time the port changes, with
-	// NODEAGENT_PIA_PORT and NODEAGENT_PIA_DEVICE in its environment, for
-	// at most 30 s; its output is logged. A failure is reported, not
-	// retried. Default: none.
+	// OnChange is a command (argv, no shell; the first word an absolute
+	// path) that delivers the port: run for each new bound port, and when
+	// the port is lost, until it exits 0, retried after 5 s doubling to
+	// 5 min, and again every every with the current port. Its environment
+	// is only PATH, LC_ALL=C.UTF-8, NODEAGENT_PIA_DEVICE,
+	// NODEAGENT_PIA_PORT (the port; 0 once lost),
+	// NODEAGENT_PIA_PREVIOUS_PORT and NODEAGENT_PIA_PORT_LOST (1 or 0);
+	// it runs in its own process group, killed whole at hookTimeout; the
+	// first 4 KiB of its output are logged. The PortDelivered condition
+	// says whether it took the current port. Default: none.
 	OnChange []string `yaml:"onChange"`
+	// Every is how often onChange runs again after a success, with the
+	// current port, so a client that lost it is put right: 5s-24h, or 0
+	// for never (only on a change). Needs onChange. Default: 5m.
+	Every *time.Duration `yaml:"every"`
+	// HookTimeout bounds one onChange run, 1s-10m; at it the hook's
+	// whole process group is killed and the run counts as failed. Needs
+	// onChange. Default: 30s.
+	HookTimeout time.Duration `yaml:"hookTimeout"`
 }
 
 // shorthand lets "portForward: true" stand for {enabled: true}.

@@ -493,6 +493,7 @@ func (v *validator) portForward(p string, pf PortForward) {
 	if len(pf.OnChange) > 0 {
 		v.check(indexPath(fieldPath(p, "onChange"), 0), checkAbsPath(pf.OnChange[0]))
 	}
+	v.portHook(p, pf)
 }
 
 // validRegionID reports whether s looks like a PIA region id.
