@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/filecheck"
+	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -57,8 +57,9 @@ type piaTunnel struct {
 	pf  config.PortForward
 	to  netip.Addr // pf.To parsed; invalid when unset
 	dns []netip.Prefix
-	// hooking: onChange runs now (for the port it was started with).
-	hooking bool
+	// hook runs onChange; nil without one, or until the loop's first
+	// step starts it. It outlives the tunnel across reloads.
+	hook *portHook
 	// written is the port the port file holds (0: no file; portUnknown:
 	// not known, a file of an earlier run may be there).
 	written int
@@ -148,8 +149,9 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 	if d.pia == nil {
 		d.pia = map[string]*piaTunnel{}
 	}
-	for name := range d.pia {
+	for name, t := range d.pia {
 		if _, ok := setups[name]; !ok {
+			d.stopHook(name, t)
 			delete(d.pia, name)
 		}
 	}
@@ -167,7 +169,7 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 		}
 		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns, written: portUnknown}
 		if old, ok := d.pia[name]; ok {
-			t.written = old.written
+			t.written, t.hook = old.written, old.hook
 		}
 		if s.err == nil {
 			cfg := s.cfg
@@ -183,8 +185,15 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 		d.pia[name] = t
 	}
 	d.piaDevices = map[string]bool{}
-	for name := range d.pia {
+	for name, t := range d.pia {
 		d.piaDevices[name] = true
+		switch {
+		case t.hook == nil:
+		case !t.hooked():
+			d.stopHook(name, t)
+		default:
+			t.hook.s.Reconfigure(hookConfig(name, t.pf))
+		}
 	}
 }
 
@@ -237,6 +246,9 @@ func (t *piaTunnel) firewall(dev string, n nft.Desired, port int, dns netip.Addr
 func (d *Daemon) stepPIA(ctx context.Context, o wg.Observed) bool {
 	changed := false
 	for name, t := range d.pia {
+		if t.hook == nil && t.hooked() {
+			d.startHook(ctx, name, t)
+		}
 		if t.p == nil {
 			continue
 		}
@@ -287,6 +299,7 @@ func (d *Daemon) publishPIA() {
 		if had {
 			d.removeCondition(api.CondTunnelHealthy)
 		}
+		d.publishDelivered(nil)
 		return
 	}
 	now := time.Now()
@@ -324,12 +337,14 @@ func (d *Daemon) publishPIA() {
 			}
 		}
 	}
-	for _, name := range names {
-		d.publishPort(name, d.pia[name])
+	for i, name := range names {
+		d.publishPort(name, d.pia[name], now)
+		tunnels[i].PortHook = d.pia[name].hookStatus()
 	}
 	d.mu.Lock()
 	d.status.PIA = tunnels
 	d.mu.Unlock()
+	d.publishDelivered(names)
 	if len(sick) == 0 {
 		d.setCondition(api.CondTunnelHealthy, api.True, "Healthy", fmt.Sprintf("%d PIA tunnel(s) up", len(tunnels)))
 	} else {
@@ -347,10 +362,11 @@ func (d *Daemon) portDir() string {
 	return filepath.Join(filepath.Dir(d.o.Socket), "pia")
 }
 
-// publishPort keeps the port's file and metric current and runs onChange
-// once for each new port. The file holds the forwarded port while there
-// is one; without one (port forwarding off, no provider) there is no file.
-func (d *Daemon) publishPort(name string, t *piaTunnel) {
+// publishPort keeps the port's file and metric current and gives the
+// port hook the state to deliver. The file holds the forwarded port while
+// there is one; without one (port forwarding off, no provider) there is
+// no file.
+func (d *Daemon) publishPort(name string, t *piaTunnel, now time.Time) {
 	port := 0
 	if t.p != nil && t.pf.Enabled {
 		port = t.p.Port()
@@ -371,22 +387,12 @@ func (d *Daemon) publishPort(name string, t *piaTunnel) {
 			t.written = port
 		}
 	}
-	if t.p == nil || port == 0 || port == t.p.Notified() || t.hooking {
+	if t.hook == nil || port == 0 {
 		return
 	}
-	if len(t.pf.OnChange) == 0 {
-		t.p.SetNotified(port)
-		return
-	}
-	t.hooking = true
-	argv := slices.Clone(t.pf.OnChange)
-	go func() {
-		r := runHook(argv, name, port)
-		select {
-		case d.hookEv <- r:
-		case <-time.After(time.Minute):
-		}
-	}()
+	s := t.p.Status()
+	lost := s.PortError != "" && (s.LastBind.IsZero() || now.Sub(s.LastBind) > portLostAfter)
+	t.hook.want(port, lost)
 }
 
 // portFileExt ends a port file's name: DEVICE.port.
@@ -447,63 +453,177 @@ func RemovePortFiles(dir string) error {
 	return errors.Join(errs...)
 }
 
-// hookTimeout bounds an onChange run.
-const hookTimeout = 30 * time.Second
+// portLostAfter is how long port forwarding may fail (binds refused,
+// the tunnel down) after the last good bind before the port counts as
+// lost and the hook is told so: PIA's own bind interval, after which the
+// server may give the port away.
+const portLostAfter = 15 * time.Minute
 
-// hookResult is one onChange run.
-type hookResult struct {
-	device string
-	port   int
-	out    string
-	err    error
-	took   time.Duration
+// portHook is a PIA device's onChange: its scheduler, and the state it
+// was last given.
+type portHook struct {
+	s   *hookrun.Scheduler
+	st  hookrun.State
+	has bool
 }
 
-// runHook runs argv (no shell) with the port in its environment, for at
-// most hookTimeout, and returns its output (the first 4 KiB).
-func runHook(argv []string, device string, port int) hookResult {
-	ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
-	defer cancel()
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "NODEAGENT_PIA_PORT="+strconv.Itoa(port), "NODEAGENT_PIA_DEVICE="+device)
-	cmd.WaitDelay = time.Second
-	var out capped
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		err = fmt.Errorf("timed out after %s", hookTimeout)
+// want gives the hook the device's port (the last bound, lost or not).
+// NODEAGENT_PIA_PREVIOUS_PORT is the last bound port before this one (0
+// when none): for a lost port the port lost; for a port bound again
+// after it was lost, the port lost.
+func (h *portHook) want(port int, lost bool) {
+	st := hookrun.State{Port: port}
+	switch {
+	case lost && h.has && h.st.Lost:
+		st = h.st
+	case lost:
+		st = hookrun.State{Previous: port, Lost: true}
+	case !h.has:
+	case h.st.Lost:
+		st.Previous = h.st.Previous
+	case h.st.Port != port:
+		st.Previous = h.st.Port
+	default:
+		st = h.st
 	}
-	return hookResult{device: device, port: port, out: out.String(), err: err, took: time.Since(start)}
-}
-
-// capped keeps the first 4 KiB written to it.
-type capped struct{ b []byte }
-
-func (c *capped) Write(p []byte) (int, error) {
-	if room := 4096 - len(c.b); room > 0 {
-		c.b = append(c.b, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (c *capped) String() string { return strings.TrimSpace(string(c.b)) }
-
-// hookDone logs an onChange run and records its port as announced:
-// a failing hook is reported, never retried.
-func (d *Daemon) hookDone(r hookResult) {
-	t, ok := d.pia[r.device]
-	if !ok || t.p == nil {
+	if h.has && st == h.st {
 		return
 	}
-	t.hooking = false
-	if r.err != nil {
-		d.log.Error("onChange failed; not retried until the port changes again", "device", r.device, "port", r.port, "err", r.err, "output", r.out)
-	} else {
-		d.log.Info("onChange ran", "device", r.device, "port", r.port, "took", r.took.Round(time.Millisecond), "output", r.out)
+	h.st, h.has = st, true
+	h.s.Set(st)
+}
+
+// hookConfig is the scheduler's config for a device's portForward.
+func hookConfig(name string, pf config.PortForward) hookrun.Config {
+	return hookrun.Config{Device: name, Argv: slices.Clone(pf.OnChange), Timeout: pf.HookTimeoutOrDefault(), Every: pf.HookEvery()}
+}
+
+// hookResult tells the loop that a device's hook finished a run; the
+// outcome itself is read from the scheduler.
+type hookResult struct{ device string }
+
+// startHook starts a device's port hook for the daemon's lifetime (ctx).
+// A port the hook delivered before a restart (the provider's saved
+// Notified) is not delivered again before every.
+func (d *Daemon) startHook(ctx context.Context, name string, t *piaTunnel) {
+	var delivered *hookrun.State
+	h := &portHook{}
+	if t.p != nil && t.p.Port() != 0 && t.p.Notified() == t.p.Port() {
+		h.st, h.has = hookrun.State{Port: t.p.Port()}, true
+		delivered = &h.st
 	}
-	t.p.SetNotified(r.port)
-	d.publishPIA() // the port may have changed again meanwhile
+	log := d.log.With("device", name)
+	h.s = hookrun.Start(ctx, hookConfig(name, t.pf), delivered, func(o hookrun.Outcome) {
+		r := o.Result
+		d.metrics.PortHookRan(name, r.Outcome())
+		attrs := []any{"port", o.State.Port, "previous_port", o.State.Previous, "lost", o.State.Lost, "attempt", o.Attempt,
+			"took", r.Took.Round(time.Millisecond), "exit", r.ExitStatus(), "output", r.Output}
+		if r.OK() {
+			log.Info("port hook delivered", attrs...)
+		} else {
+			log.Error("port hook failed; retried with backoff", append(attrs, "err", r.Err)...)
+		}
+		// Never blocks: a full channel already has the loop look again.
+		select {
+		case d.hookEv <- hookResult{device: name}:
+		default:
+		}
+	})
+	t.hook = h
+	d.metrics.StartPortHook(name)
+}
+
+// stopHook stops a device's port hook (a run under way is killed) and
+// drops its series.
+func (d *Daemon) stopHook(name string, t *piaTunnel) {
+	if t.hook == nil {
+		return
+	}
+	t.hook.s.Stop()
+	t.hook = nil
+	d.metrics.StopPortHook(name)
+}
+
+// hookDone takes a finished run of a device's hook: a delivered port is
+// saved as such (not delivered again after a restart until every), and
+// status, condition and metric follow.
+func (d *Daemon) hookDone(r hookResult) {
+	t, ok := d.pia[r.device]
+	if !ok || t.hook == nil {
+		return
+	}
+	if st := t.hook.s.Status(); t.p != nil && st.Delivered && !st.Want.Lost && st.Want.Port == t.p.Port() {
+		t.p.SetNotified(st.Want.Port)
+	}
+	d.publishPIA()
+}
+
+// hooked reports whether the device has a port hook to run.
+func (t *piaTunnel) hooked() bool { return t.pf.Enabled && len(t.pf.OnChange) > 0 }
+
+// hookStatus is the hook's state for status; nil without onChange.
+func (t *piaTunnel) hookStatus() *api.PortHook {
+	if !t.hooked() {
+		return nil
+	}
+	if t.hook == nil {
+		return &api.PortHook{}
+	}
+	st := t.hook.s.Status()
+	h := &api.PortHook{Port: st.Want.Port, Lost: st.Want.Lost, Delivered: st.Delivered, Running: st.Running, Attempts: st.Failures}
+	if !st.Last.Start.IsZero() {
+		at := st.Last.Start.UTC()
+		h.LastRun, h.LastExit, h.LastError = &at, st.Last.ExitStatus(), st.Last.FirstLine()
+	}
+	if !st.Next.IsZero() {
+		at := st.Next.UTC()
+		h.NextRun = &at
+	}
+	return h
+}
+
+// publishDelivered sets the PortDelivered condition and metric from the
+// hooks of names (sorted): absent when no device has an onChange.
+func (d *Daemon) publishDelivered(names []string) {
+	var failed, pending, ok []string
+	for _, name := range names {
+		t := d.pia[name]
+		h := t.hookStatus()
+		if h == nil {
+			continue
+		}
+		if t.hook != nil {
+			d.metrics.SetPortDelivered(name, h.Delivered)
+		}
+		what := fmt.Sprintf("%s: port %d", name, h.Port)
+		if h.Lost {
+			what = fmt.Sprintf("%s: port lost (was %d)", name, t.hook.st.Previous)
+		}
+		switch {
+		case t.hook == nil || !t.hook.has:
+			pending = append(pending, name+": no port bound yet")
+		case h.Delivered:
+			ok = append(ok, what)
+		case h.Attempts > 0:
+			failed = append(failed, fmt.Sprintf("%s: %s (%d attempts)", what, h.LastError, h.Attempts))
+		case h.Running:
+			pending = append(pending, what+": the hook runs")
+		default:
+			pending = append(pending, what+": the hook is due")
+		}
+	}
+	switch {
+	case len(failed)+len(pending)+len(ok) == 0:
+		if d.condition(api.CondPortDelivered) != nil {
+			d.removeCondition(api.CondPortDelivered)
+		}
+	case len(failed) > 0:
+		d.setCondition(api.CondPortDelivered, api.False, "HookFailed", strings.Join(append(failed, pending...), "; "))
+	case len(pending) > 0:
+		d.setCondition(api.CondPortDelivered, api.False, "Pending", strings.Join(pending, "; "))
+	default:
+		d.setCondition(api.CondPortDelivered, api.True, "Delivered", strings.Join(ok, "; "))
+	}
 }
 
 // piaPorts are the forwarded ports, by device, for the Node annotation.

@@ -68,6 +68,13 @@ const (
 	// degrades the node nor holds back Ready: nodeagent repairs what such
 	// a program deletes, and the kill switch holds meanwhile.
 	CondCoexistence = "Coexistence"
+	// PortDelivered: every PIA device's portForward.onChange exited 0 for
+	// its current port (reason Delivered). False with reason Pending
+	// while a first run for a new port is due or running (or no port is
+	// bound yet), HookFailed with the first line of the error while the
+	// hook fails (it is retried with backoff). Absent when no device has
+	// an onChange. It neither degrades the node nor holds back Ready.
+	CondPortDelivered = "PortDelivered"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.
@@ -199,6 +206,28 @@ type PIATunnel struct {
 	PortError     string     `json:"portError,omitempty"`
 	// DNS is the resolver the VLAN's DNS is sent to (with pia.dns).
 	DNS string `json:"dns,omitempty"`
+	// PortHook is portForward.onChange's state; absent without one.
+	PortHook *PortHook `json:"portHook,omitempty"`
+}
+
+// PortHook is the state of a PIA device's port hook (portForward.onChange).
+type PortHook struct {
+	// Port is the port the hook is to deliver (0: lost, or none yet);
+	// Lost that the port was lost.
+	Port int  `json:"port"`
+	Lost bool `json:"lost,omitempty"`
+	// Delivered: the hook exited 0 for Port at its last run.
+	Delivered bool `json:"delivered"`
+	Running   bool `json:"running,omitempty"`
+	// LastRun is when the last run started, LastExit how it ended ("exit
+	// 0", "exit 1", "timeout"), LastError the first line of why it failed.
+	LastRun   *time.Time `json:"lastRun,omitempty"`
+	LastExit  string     `json:"lastExit,omitempty"`
+	LastError string     `json:"lastError,omitempty"`
+	// Attempts counts the failed runs for Port since it was last
+	// delivered; NextRun is when the hook runs next.
+	Attempts int        `json:"attempts"`
+	NextRun  *time.Time `json:"nextRun,omitempty"`
 }
 
 // Condition returns the condition of the given type, or nil.

@@ -52,6 +52,8 @@ type Metrics struct {
 	rollbacks     *prometheus.CounterVec
 	tunnelHealthy *prometheus.GaugeVec
 	forwardedPort *prometheus.GaugeVec
+	hookRuns      *prometheus.CounterVec
+	portDelivered *prometheus.GaugeVec
 	unprotected   prometheus.Gauge
 	ready         prometheus.Gauge
 	pending       prometheus.Gauge
@@ -101,6 +103,14 @@ func New() *Metrics {
 			Namespace: namespace, Name: "forwarded_port",
 			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
 		}, []string{"device"}),
+		hookRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "port_hook_runs_total",
+			Help: "Runs of a PIA device's portForward.onChange, by device and result (success, failure, timeout).",
+		}, []string{"device", "result"}),
+		portDelivered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "port_delivered",
+			Help: "Whether a PIA device's portForward.onChange exited 0 for the current port: 1 or 0; only devices with an onChange have the series.",
+		}, []string{"device"}),
 		unprotected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "forwarding_unprotected",
 			Help: "1 while packet forwarding is on and a configured kill switch is not in the kernel (nftables failed), else 0.",
@@ -123,7 +133,7 @@ func New() *Metrics {
 		}, []string{"device", "result"}),
 		condition: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "condition",
-			Help: "The daemon's conditions (Ready, Converged, ConfigLoaded, KillSwitchArmed, SafeApply, ARPReachable, PeersConfigured, TunnelHealthy, LabelsSynced): 1 True, 0 False; absent while not reported.",
+			Help: "The daemon's conditions (Ready, Converged, ConfigLoaded, KillSwitchArmed, SafeApply, ARPReachable, PeersConfigured, TunnelHealthy, LabelsSynced, PortDelivered): 1 True, 0 False; absent while not reported.",
 		}, []string{"condition"}),
 		wg: newWireGuardCollector(time.Now),
 	}
@@ -148,7 +158,7 @@ func New() *Metrics {
 
 	m.Registry.MustRegister(
 		m.syncs, m.syncDuration, m.syncErrors, m.driftRepairs, m.rollbacks,
-		m.tunnelHealthy, m.forwardedPort, m.unprotected, m.ready, m.pending, m.registrations, m.tokens, m.condition, killSwitchDrops, m.wg,
+		m.tunnelHealthy, m.forwardedPort, m.hookRuns, m.portDelivered, m.unprotected, m.ready, m.pending, m.registrations, m.tokens, m.condition, killSwitchDrops, m.wg,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -248,6 +258,43 @@ func (m *Metrics) SetForwardedPort(device string, port int) {
 		return
 	}
 	m.forwardedPort.WithLabelValues(device).Set(float64(port))
+}
+
+// Port hook results for PortHookRan.
+const (
+	HookSuccess = "success"
+	HookFailure = "failure"
+	HookTimeout = "timeout"
+)
+
+// StartPortHook makes a device's port hook series known: its run counts
+// at 0 and port_delivered at 0 until the hook delivers.
+func (m *Metrics) StartPortHook(device string) {
+	for _, r := range []string{HookSuccess, HookFailure, HookTimeout} {
+		m.hookRuns.WithLabelValues(device, r)
+	}
+	m.portDelivered.WithLabelValues(device)
+}
+
+// PortHookRan counts one run of device's port hook (result: HookSuccess,
+// HookFailure or HookTimeout).
+func (m *Metrics) PortHookRan(device, result string) {
+	m.hookRuns.WithLabelValues(device, result).Inc()
+}
+
+// SetPortDelivered sets whether device's port hook delivered the current
+// port.
+func (m *Metrics) SetPortDelivered(device string, delivered bool) {
+	m.portDelivered.WithLabelValues(device).Set(boolFloat(delivered))
+}
+
+// StopPortHook removes a device's port hook series (its onChange or the
+// device is gone).
+func (m *Metrics) StopPortHook(device string) {
+	m.portDelivered.DeleteLabelValues(device)
+	for _, r := range []string{HookSuccess, HookFailure, HookTimeout} {
+		m.hookRuns.DeleteLabelValues(device, r)
+	}
 }
 
 // SetForwardingUnprotected sets whether forwarding is on while a

@@ -335,3 +335,30 @@ func TestServeBadAddr(t *testing.T) {
 		t.Errorf("Serve(bad addr) = %v, want a wrapped listen error", err)
 	}
 }
+
+// TestPortHook: a device with a hook has its runs at 0 and port_delivered
+// 0 from the start; runs count by result; a device whose hook went loses
+// its series.
+func TestPortHook(t *testing.T) {
+	m := New()
+	m.StartPortHook("wg-pia")
+	m.StartPortHook("wg-old")
+	m.PortHookRan("wg-pia", HookTimeout)
+	m.PortHookRan("wg-pia", HookFailure)
+	m.PortHookRan("wg-pia", HookSuccess)
+	m.SetPortDelivered("wg-pia", true)
+	m.StartPortHook("wg-pia") // a reload keeps what was delivered
+	m.StopPortHook("wg-old")
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(`
+# HELP nodeagent_port_delivered Whether a PIA device's portForward.onChange exited 0 for the current port: 1 or 0; only devices with an onChange have the series.
+# TYPE nodeagent_port_delivered gauge
+nodeagent_port_delivered{device="wg-pia"} 1
+# HELP nodeagent_port_hook_runs_total Runs of a PIA device's portForward.onChange, by device and result (success, failure, timeout).
+# TYPE nodeagent_port_hook_runs_total counter
+nodeagent_port_hook_runs_total{device="wg-pia",result="failure"} 1
+nodeagent_port_hook_runs_total{device="wg-pia",result="success"} 1
+nodeagent_port_hook_runs_total{device="wg-pia",result="timeout"} 1
+`), "nodeagent_port_delivered", "nodeagent_port_hook_runs_total"); err != nil {
+		t.Error(err)
+	}
+}

@@ -141,6 +141,9 @@ func renderPIA(b *strings.Builder, t api.PIATunnel, now time.Time) {
 	if t.PortError != "" {
 		field("port error", "%s", clean(t.PortError))
 	}
+	if h := t.PortHook; h != nil {
+		renderPortHook(field, opt, h)
+	}
 	if t.DNS != "" {
 		field("DNS", "%s (through the tunnel)", clean(t.DNS))
 	}
@@ -152,6 +155,38 @@ func renderPIA(b *strings.Builder, t api.PIATunnel, now time.Time) {
 	}
 	if t.RetryAt != nil {
 		field("retry", "%s", stamp(*t.RetryAt, now))
+	}
+}
+
+// renderPortHook writes a PIA tunnel's port hook (onChange) lines.
+func renderPortHook(field func(label, format string, args ...any), opt func(*time.Time) string, h *api.PortHook) {
+	var state string
+	switch {
+	case h.Port == 0 && !h.Lost:
+		state = "no port yet"
+	case h.Delivered && h.Lost:
+		state = "told the port is lost"
+	case h.Delivered:
+		state = fmt.Sprintf("delivered port %d", h.Port)
+	case h.Running:
+		state = "running"
+	case h.Attempts > 0:
+		state = "failing"
+	default:
+		state = "due"
+	}
+	if h.Attempts > 0 {
+		state += fmt.Sprintf(", %d failed attempts", h.Attempts)
+	}
+	field("port hook", "%s", state)
+	if h.LastRun != nil {
+		field("hook last run", "%s, %s", opt(h.LastRun), dash(h.LastExit))
+	}
+	if h.LastError != "" {
+		field("hook error", "%s", clean(h.LastError))
+	}
+	if h.NextRun != nil {
+		field("hook next run", "%s", opt(h.NextRun))
 	}
 }
 
