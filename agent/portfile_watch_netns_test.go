@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,13 +32,22 @@ type inotifyEvent struct {
 
 func watchInotify(t *testing.T, path string, mask uint32, onEvent func(inotifyEvent)) *inotifyWatch {
 	t.Helper()
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	w, err := tryWatchInotify(t, path, mask, onEvent)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return w
+}
+
+// tryWatchInotify is watchInotify that returns the error (path missing).
+func tryWatchInotify(t *testing.T, path string, mask uint32, onEvent func(inotifyEvent)) (*inotifyWatch, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := unix.InotifyAddWatch(fd, path, mask); err != nil {
 		unix.Close(fd)
-		t.Fatalf("inotify watch on %s: %v", path, err)
+		return nil, fmt.Errorf("inotify watch on %s: %w", path, err)
 	}
 	// Non-blocking, so the runtime's poller serves it and Close ends Read.
 	f := os.NewFile(uintptr(fd), "inotify")
@@ -66,7 +76,7 @@ func watchInotify(t *testing.T, path string, mask uint32, onEvent func(inotifyEv
 			}
 		}
 	}()
-	return w
+	return w, nil
 }
 
 // count is how many events for name (any name when "") had a bit of mask.
@@ -126,8 +136,14 @@ func TestPortFileWatch(t *testing.T) {
 	ports := []int{forwardedPort(r)}
 	waitFor(t, "IN_MOVED_TO of the first port", 10*time.Second, func() bool { return sawPort(ports[0]) })
 
-	// The file watch, on the file as it is now.
-	fileWatch := watchInotify(t, file, unix.IN_CLOSE_WRITE|unix.IN_MODIFY|unix.IN_DELETE_SELF|unix.IN_IGNORED|unix.IN_ATTRIB, nil)
+	// The file watch, on the file as it is now (PIA may take a new port,
+	// and the file may be gone for a moment, just after the first).
+	var fileWatch *inotifyWatch
+	waitFor(t, "a watch on the port file", 10*time.Second, func() bool {
+		var err error
+		fileWatch, err = tryWatchInotify(t, file, unix.IN_CLOSE_WRITE|unix.IN_MODIFY|unix.IN_DELETE_SELF|unix.IN_IGNORED|unix.IN_ATTRIB, nil)
+		return err == nil
+	})
 
 	// Each change is one IN_MOVED_TO; a reader that is slow may read a
 	// later port than the event's (PIA can change it twice in a second),
