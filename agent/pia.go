@@ -390,8 +390,11 @@ func (d *Daemon) publishPort(name string, t *piaTunnel, now time.Time) {
 	if t.hook == nil || port == 0 {
 		return
 	}
+	// Measured from the last good bind, or from the hook's start when
+	// this daemon has not bound yet (a restart with a saved port).
 	s := t.p.Status()
-	lost := s.PortError != "" && (s.LastBind.IsZero() || now.Sub(s.LastBind) > portLostAfter)
+	failing := s.PortError != "" || !s.Healthy
+	lost := failing && now.Sub(latest(s.LastBind, t.hook.started)) > portLostAfter
 	t.hook.want(port, lost)
 }
 
@@ -465,6 +468,15 @@ type portHook struct {
 	s   *hookrun.Scheduler
 	st  hookrun.State
 	has bool
+	// started is when this daemon started the hook.
+	started time.Time
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // want gives the hook the device's port (the last bound, lost or not).
@@ -507,7 +519,7 @@ type hookResult struct{ device string }
 // Notified) is not delivered again before every.
 func (d *Daemon) startHook(ctx context.Context, name string, t *piaTunnel) {
 	var delivered *hookrun.State
-	h := &portHook{}
+	h := &portHook{started: time.Now()}
 	if t.p != nil && t.p.Port() != 0 && t.p.Notified() == t.p.Port() {
 		h.st, h.has = hookrun.State{Port: t.p.Port()}, true
 		delivered = &h.st
