@@ -142,11 +142,11 @@ func TestSameNodePods(t *testing.T) {
 	}
 	n.start()
 	n.wait("the tunnel healthy (old layout)", 90*time.Second, n.healthy)
-	if w := n.status().Warnings; len(w) != 2 || !strings.Contains(w[0], warning) {
+	if w := layoutWarnings(n.status().Warnings); len(w) != 2 || !strings.Contains(w[0], warning) {
 		t.Errorf("status warnings %q, want the address's and the route's", w)
 	}
-	if p := n.plan(); len(p.Warnings) != 2 {
-		t.Errorf("nodeagentctl plan warnings %q, want 2", p.Warnings)
+	if p := n.plan(); len(layoutWarnings(p.Warnings)) != 2 {
+		t.Errorf("nodeagentctl plan warnings %q, want 2 about the layout", p.Warnings)
 	}
 	qbt := testenv.AttachPod(t, l.Node, l.NAD(), "qbittorrent", "10.10.50.10/24", "fd00:50::10/64")
 	jd := testenv.AttachPod(t, l.Node, l.NAD(), "jdownloader", "10.10.50.11/24", "fd00:50::11/64")
@@ -173,7 +173,7 @@ func TestSameNodePods(t *testing.T) {
 	l.Node.Exec(t, "kill", "-HUP", strconv.Itoa(n.cmd.Process.Pid))
 	n.wait("the shim layout converged, without warnings", 30*time.Second, func() bool {
 		s := n.status()
-		return len(s.Warnings) == 0 && s.Ready && !s.Degraded && len(n.plan().Lines) == 0
+		return len(layoutWarnings(s.Warnings)) == 0 && s.Ready && !s.Degraded && len(n.plan().Lines) == 0
 	})
 	for _, p := range []*testenv.Pod{qbt, jd} {
 		n.wait(p.Name+" reaching the internet", 20*time.Second, func() bool { return ping(p.NS, piastub.Far.String()) })
@@ -399,4 +399,16 @@ func checkPods(t *testing.T, after string, before []string, pods ...*testenv.Pod
 			t.Errorf("after %s, pod %s changed:\n--- before\n%s\n--- after\n%s", after, p.Name, before[i], got)
 		}
 	}
+}
+
+// layoutWarnings are the warnings of ws about the pods' layout: the test's
+// pod listens on a fixed port (toPort), which lint rightly warns about too.
+func layoutWarnings(ws []string) []string {
+	var out []string
+	for _, w := range ws {
+		if !strings.Contains(w, "portForward.toPort:") {
+			out = append(out, w)
+		}
+	}
+	return out
 }
