@@ -443,13 +443,16 @@ exit $rc
 
 	// 3b. qBittorrent down: the hook fails, retried with backoff;
 	// PortDelivered=False with its error.
+	// The failures counted are those since the last success: a run of
+	// every may have begun just before the stop and be the first of them.
 	q.stop()
-	down := time.Now()
 	var failed []qbtRun
 	waitFor(t, "three failed runs", 40*time.Second, func() bool {
 		failed = failed[:0]
 		for _, run := range qbtHookRuns(t, runLog) {
-			if run.at.After(down) && run.rc != 0 {
+			if run.rc == 0 {
+				failed = failed[:0]
+			} else {
 				failed = append(failed, run)
 			}
 		}
