@@ -109,7 +109,7 @@ func TestDebInSystemdVM(t *testing.T) {
 	links := map[string]string{
 		// NetworkManager would take the VM's links from the first step on:
 		// the nm step unmasks and starts it.
-		"etc/systemd/system/NetworkManager.service": "/dev/null",
+		"etc/systemd/system/NetworkManager.service":                      "/dev/null",
 		"etc/systemd/system/default.target.wants/deb-acceptance.service": "/etc/systemd/system/deb-acceptance.service",
 		// The console is the test's output, not a login prompt.
 		"etc/systemd/system/serial-getty@ttyS0.service": "/dev/null",
