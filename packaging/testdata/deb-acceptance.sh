@@ -57,6 +57,8 @@ check default-config-inert test "$(nodeagent plan)" = "no changes"
 check conffile grep -q /etc/nodeagent/nodeagent.yaml /var/lib/dpkg/info/nodeagent.conffiles
 check man-pages test -f /usr/share/man/man5/nodeagent.yaml.5.gz -a -f /usr/share/man/man8/nodeagent.8.gz -a -f /usr/share/man/man1/nodeagentctl.1.gz
 check monitoring-examples test -f /usr/share/doc/nodeagent/examples/monitoring/nodeagent-alerts.yml -a -f /usr/share/doc/nodeagent/examples/monitoring/nodeagent-dashboard.json
+check hook-example test -x /usr/share/doc/nodeagent/examples/hooks/qbittorrent-port -a -f /usr/share/doc/nodeagent/examples/hooks/README
+check hook-example-runs sh -c '/usr/share/doc/nodeagent/examples/hooks/qbittorrent-port --help | grep -q "^usage: qbittorrent-port --url"'
 
 # --- 2. start with a test config ------------------------------------------
 begin start
