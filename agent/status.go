@@ -100,6 +100,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	// ask for: what a sync woken by the kernel (or a resync) repairs, not
 	// what a new config, a changed peer file or the first sync brings in.
 	if (why == trigEvent || why == trigResync) && d.hash == d.syncedHash && total > 0 {
+		d.log.Info("drift repaired", "trigger", why.String(), "changes", total)
 		repairs := netcfg.Repairs(res.Report)
 		for kind, n := range repairs {
 			d.metrics.DriftRepaired(kind, n)
@@ -107,11 +108,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		// Whoever deleted it may have just shown itself: look for
 		// hazards again, then say once per cause why, with its fix.
 		d.evalHazards()
-		if !d.repairCauses(repairs) {
-			d.log.Debug("drift repaired", "trigger", why.String(), "changes", total)
-		} else {
-			d.log.Info("drift repaired", "trigger", why.String(), "changes", total)
-		}
+		d.repairCauses(repairs)
 	}
 	d.syncedHash = d.hash
 	replaced := nft.Replaced(res.Report)
