@@ -61,6 +61,10 @@ func networkdHazards(h *host.Host, d netcfg.Desired) []string {
 // config loads: it reads networkd's configuration and scans /proc.
 const hazardsEvery = 30 * time.Second
 
+// repairLook bounds how often a drift repair makes the daemon look for
+// hazards again.
+const repairLook = time.Second
+
 // checkHazards sets the Coexistence condition from the hazards found on
 // this node, at most every hazardsEvery (or resync period), at every config
 // load and whenever a neighbour's files or state changed (d.neighbours),

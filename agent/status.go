@@ -106,8 +106,12 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 			d.metrics.DriftRepaired(kind, n)
 		}
 		// Whoever deleted it may have just shown itself: look for
-		// hazards again, then say once per cause why, with its fix.
-		d.evalHazards()
+		// hazards again (at most every repairLook: a storm of repairs
+		// does not read networkd's files and /proc each time), then say
+		// once per cause why, with its fix.
+		if time.Since(d.hazardAt) >= repairLook {
+			d.evalHazards()
+		}
 		d.repairCauses(repairs)
 	}
 	d.syncedHash = d.hash
