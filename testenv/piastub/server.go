@@ -107,7 +107,7 @@ func (srv *Server) startWireGuard() {
 			s.t.Fatalf("piastub: %s: %v", srv.dev, err)
 		}
 	}
-	srv.newKey()
+	srv.newKey(true)
 	run(s.t, s.NS, "ip addr add "+srv.VIP.String()+"/16 dev "+srv.dev, "ip link set "+srv.dev+" up",
 		fmt.Sprintf("nft add rule ip stubnat pre ip daddr %s udp dport %d dnat to %s:%d", srv.WG, srv.Port, srv.WG, srv.listenPort))
 }
@@ -131,13 +131,21 @@ func (srv *Server) configure(cfg wgtypes.Config) error {
 }
 
 // newKey gives the server a new key and drops every peer: a restart.
-func (srv *Server) newKey() {
+// The listen port is set only at the start (bind): set again, the same
+// port makes wireguard-go close its sockets and bind anew, which can fail
+// with EADDRINUSE while the old socket is still going, leaving a server
+// with no socket at all, which is not a restart PIA has.
+func (srv *Server) newKey(bind bool) {
 	k, err := wgtypes.GeneratePrivateKey()
 	if err != nil {
 		srv.stub.t.Fatal(err)
 	}
-	port := srv.listenPort
-	if err := srv.configure(wgtypes.Config{PrivateKey: &k, ListenPort: &port, ReplacePeers: true}); err != nil {
+	cfg := wgtypes.Config{PrivateKey: &k, ReplacePeers: true}
+	if bind {
+		port := srv.listenPort
+		cfg.ListenPort = &port
+	}
+	if err := srv.configure(cfg); err != nil {
 		srv.stub.t.Fatalf("piastub: configure %s: %v", srv.dev, err)
 	}
 	srv.key = k
@@ -148,7 +156,7 @@ func (srv *Server) Restart() {
 	s := srv.stub
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	srv.newKey()
+	srv.newKey(false)
 	srv.peers = map[string]*peer{}
 	srv.retiring = map[wgtypes.Key]*peer{}
 	srv.forgetPorts()
