@@ -355,6 +355,11 @@ type Route struct {
 	// OnLink takes the gateway as reachable on dev even when no prefix of
 	// the link covers it. Default: false.
 	OnLink bool `yaml:"onlink"`
+	// Adopt takes over a route with this route's key (table, to, metric)
+	// that nodeagent did not make (a script's, say): it is replaced in
+	// place with nodeagent's protocol, never deleted first. Default:
+	// false, and such a route is a conflict left alone.
+	Adopt bool `yaml:"adopt"`
 }
 
 // Rule is one policy routing rule.
@@ -393,6 +398,11 @@ type Rule struct {
 	// Invert makes the rule match what its selectors do not (ip rule
 	// not). Default: false.
 	Invert bool `yaml:"invert"`
+	// Adopt takes over a rule just like this one that nodeagent did not
+	// make: nodeagent's rule is added at the same priority before the
+	// old one is deleted, so the match never lapses. Default: false, and
+	// the old rule stays beside nodeagent's.
+	Adopt bool `yaml:"adopt"`
 }
 
 // Firewall is nodeagent's own nftables ruleset.
