@@ -491,6 +491,15 @@ type Kubernetes struct {
 	// ConditionalLabels are labels kept on the Node while a condition
 	// holds. Default: none.
 	ConditionalLabels []ConditionalLabel `yaml:"conditionalLabels"`
+	// AdoptLabels are label keys nodeagent takes over when another field
+	// manager (kubectl label, another controller) owns them on the Node:
+	// each a key of labels or of conditionalLabels, each once. In one
+	// write that never removes the label, the other managers' claims are
+	// dropped and nodeagent becomes its only owner; then nodeagent's value
+	// is set, and the label leaves the Node when it leaves the config.
+	// Default: none, and a label another manager owns with another value is
+	// left as it is (LabelsSynced says Conflict).
+	AdoptLabels []string `yaml:"adoptLabels"`
 	// Hold is how long a conditional label's condition must hold, or
 	// fail, before the label follows it, 0s-1h (0 follows at once), so a
 	// flapping tunnel does not churn the scheduler. Default: 30s.

@@ -214,6 +214,7 @@ func (v *validator) validate(c *Config) {
 	v.piaRouting(c)
 	v.firewall(c.Firewall)
 	v.kubernetes(c)
+	v.adoptLabels(c.Kubernetes)
 	v.checks(c.Checks)
 }
 
