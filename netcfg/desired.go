@@ -127,6 +127,12 @@ func routeFromConfig(c config.Routing, tablesFile string) (route.Desired, error)
 				continue
 			}
 			d.Routes = append(d.Routes, rt)
+			if r.Adopt {
+				if d.AdoptRoutes == nil {
+					d.AdoptRoutes = map[route.Route]bool{}
+				}
+				d.AdoptRoutes[rt] = true
+			}
 		}
 		if t.KillSwitch {
 			for _, dflt := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
@@ -143,6 +149,14 @@ func routeFromConfig(c config.Routing, tablesFile string) (route.Desired, error)
 			continue
 		}
 		d.Rules = append(d.Rules, rules...)
+		if r.Adopt {
+			if d.AdoptRules == nil {
+				d.AdoptRules = map[route.Rule]bool{}
+			}
+			for _, rr := range rules {
+				d.AdoptRules[rr] = true
+			}
+		}
 	}
 	return d, errors.Join(errs...)
 }

@@ -189,7 +189,8 @@ func (o Op) Entry() plan.Entry {
 	if o.Kind == OpAddAddr || o.Kind == OpDelAddr || o.Kind == OpReownAddr {
 		kind = plan.KindAddress
 	}
-	e := plan.Entry{Subsystem: plan.Links, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String()}
+	e := plan.Entry{Subsystem: plan.Links, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String(),
+		Adopt: (o.Kind == OpAdoptLink && !o.Old.Interrupted) || (o.Kind == OpReownAddr && o.Adopt)}
 	switch o.Kind {
 	case OpConflict:
 		e.Err = fmt.Errorf("%s: %s", o.Object(), o.Reason)

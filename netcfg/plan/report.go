@@ -53,6 +53,11 @@ type Entry struct {
 	Object string
 	// Text is the plan line, its action first.
 	Text string
+	// Adopt says the entry takes over an object nodeagent did not make
+	// (adopt: true in the config) without changing what it does: the
+	// only change the first plan of a config from `nodeagent import`
+	// should have.
+	Adopt bool
 	// Err is why the op cannot be applied ('!'), or how applying it
 	// failed; nil in a dry run and for what was applied. Its text names the
 	// object.
@@ -101,6 +106,22 @@ func (r Report) Lines() []string {
 		out[i] = e.Text
 	}
 	return out
+}
+
+// OnlyAdoptions reports whether every entry of r that writes is an
+// adoption (and one does); entries that do not write may be there.
+func (r Report) OnlyAdoptions() bool {
+	n := 0
+	for _, e := range r {
+		if !e.Writes() {
+			continue
+		}
+		if !e.Adopt {
+			return false
+		}
+		n++
+	}
+	return n > 0
 }
 
 // Errors returns the entries' errors, in order.

@@ -51,14 +51,16 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			if err = os.Remove(o.File); os.IsNotExist(err) {
 				err = nil
 			}
-		case OpAddRoute, OpReplaceRoute:
+		case OpAddRoute, OpReplaceRoute, OpAdoptRoute:
 			if o.Route.Dev != "" && links[o.Route.Dev] == 0 {
 				err = &host.PendingError{Reason: fmt.Sprintf("device %s does not exist yet", o.Route.Dev), Missing: o.Route.Dev}
 				break
 			}
 			h.Wrote(1)
 			// Replace, not add: an owned route left by a crash mid-apply
-			// with the same key is simply overwritten, never duplicated.
+			// with the same key is simply overwritten, never duplicated,
+			// and an adopted route takes nodeagent's protocol in place
+			// (NLM_F_REPLACE on its key): it is never missing meanwhile.
 			err = h.NL().RouteReplace(toKernelRoute(o.Route, links))
 		case OpDelRoute:
 			h.Wrote(1)
@@ -70,6 +72,8 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			if err = h.NL().RuleAdd(toKernelRule(o.Rule)); errors.Is(err, unix.EEXIST) {
 				err = nil
 			}
+		case OpAdoptRule:
+			err = adoptRule(h, o)
 		case OpDelRule:
 			h.Wrote(1)
 			if err = h.NL().RuleDel(toKernelRule(o.Rule)); errors.Is(err, unix.ENOENT) {
@@ -83,6 +87,73 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 		}
 	}
 	return r
+}
+
+// adoptRule takes over o.OldRule make-before-break: the packets it matches
+// find a rule sending them to the same table at every moment.
+//
+// nodeagent's rule is added at the same priority first. The kernel puts a
+// rule behind every rule of its priority, and it does count the protocol
+// when it refuses a duplicate (NLM_F_EXCL), so the two stand side by side,
+// the old one first. Then the old one is deleted, given its own protocol:
+// the kernel deletes the first rule in list order whose given attributes
+// match, and a protocol of 0 (what `ip rule add` leaves) is no filter, so
+// the first match is the old rule, ahead of nodeagent's.
+//
+// A kernel that refuses the duplicate (EEXIST: one whose duplicate check
+// ignores the protocol) gets a bridge instead: a temporary rule of
+// nodeagent's one priority ahead (behind every rule of that priority, so
+// straight before the old one), then the old rule deleted, nodeagent's
+// added at the priority, and the temporary one deleted by nodeagent's
+// protocol.
+func adoptRule(h *host.Host, o Op) error {
+	old := toKernelRule(o.Rule)
+	old.Protocol = o.OldRule.Proto
+	if o.Present {
+		h.Wrote(1)
+		return ignore(h.NL().RuleDel(old), unix.ENOENT)
+	}
+	h.Wrote(1)
+	err := h.NL().RuleAdd(toKernelRule(o.Rule))
+	if err == nil {
+		h.Wrote(1)
+		return ignore(h.NL().RuleDel(old), unix.ENOENT)
+	}
+	if !errors.Is(err, unix.EEXIST) {
+		return err
+	}
+	if o.Rule.Priority < 1 {
+		return fmt.Errorf("the kernel refuses a second rule beside the old one, and there is no priority ahead of %d to bridge by: %w", o.Rule.Priority, err)
+	}
+	bridge := toKernelRule(o.Rule)
+	bridge.Priority--
+	h.Wrote(1)
+	if err := h.NL().RuleAdd(bridge); err != nil {
+		return fmt.Errorf("bridge rule at priority %d: %w", bridge.Priority, err)
+	}
+	h.Wrote(1)
+	if err := ignore(h.NL().RuleDel(old), unix.ENOENT); err != nil {
+		// The bridge stays and does the old rule's work; the next sync
+		// adds nodeagent's rule before it deletes the bridge, an owned
+		// rule no longer desired.
+		return err
+	}
+	h.Wrote(1)
+	if err := ignore(h.NL().RuleAdd(toKernelRule(o.Rule)), unix.EEXIST); err != nil {
+		return err
+	}
+	h.Wrote(1)
+	return ignore(h.NL().RuleDel(bridge), unix.ENOENT)
+}
+
+// ignore returns err unless it is one of the errnos given.
+func ignore(err error, errnos ...unix.Errno) error {
+	for _, e := range errnos {
+		if errors.Is(err, e) {
+			return nil
+		}
+	}
+	return err
 }
 
 func toKernelRoute(r Route, links map[string]int) *netlink.Route {

@@ -24,11 +24,16 @@ type ObservedRoute struct {
 type ObservedRule struct {
 	Rule
 	Owned bool
+	// Proto is the rule's FRA_PROTOCOL: host.Proto for an owned rule; for
+	// a foreign one what its maker set (0 from `ip rule add`), which an
+	// adoption's delete gives so as to delete it and not nodeagent's.
+	Proto uint8
 }
 
 // Observed is the routing state that matters: every owned route and rule,
-// foreign routes in tables nodeagent manages (to detect conflicts), the
-// links routes name, and the rt_tables.d entry.
+// foreign routes in tables nodeagent manages (to detect conflicts), foreign
+// rules just like a desired rule marked adopt, the links routes name, and
+// the rt_tables.d entry. Rules are in the kernel's list order.
 type Observed struct {
 	Routes []ObservedRoute
 	Rules  []ObservedRule
@@ -96,10 +101,12 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		return o, err
 	}
 	for _, r := range rules {
-		if int(r.Protocol) != host.Proto {
-			continue // foreign rules are never compared, changed or deleted
+		kr := fromKernelRule(r)
+		owned := int(r.Protocol) == host.Proto
+		if !owned && !d.AdoptRules[kr] {
+			continue // other foreign rules are never compared, changed or deleted
 		}
-		o.Rules = append(o.Rules, ObservedRule{Rule: fromKernelRule(r), Owned: true})
+		o.Rules = append(o.Rules, ObservedRule{Rule: kr, Owned: owned, Proto: r.Protocol})
 	}
 	if d.TablesFile != "" {
 		b, err := os.ReadFile(d.TablesFile)

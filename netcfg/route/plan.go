@@ -20,7 +20,9 @@ const (
 	OpWriteTables OpKind = iota
 	OpAddRoute
 	OpReplaceRoute
+	OpAdoptRoute // a foreign route marked adopt: replaced in place with nodeagent's protocol
 	OpAddRule
+	OpAdoptRule // a foreign rule marked adopt: nodeagent's added beside it, then it deleted
 	OpDelRule
 	OpDelRoute
 	OpRemoveTables
@@ -30,19 +32,25 @@ const (
 
 // Op is one change to one object.
 type Op struct {
-	Kind   OpKind
-	Route  Route
-	Old    Route // for replace
-	Rule   Rule
-	Tables []byte // for OpWriteTables
-	File   string
-	Reason string
+	Kind  OpKind
+	Route Route
+	Old   Route // for replace and adopt: the route as found
+	Rule  Rule
+	// OldRule is the foreign rule an OpAdoptRule takes over, as found.
+	OldRule ObservedRule
+	// Present says an OpAdoptRule's rule of nodeagent's is in the kernel
+	// already (an adoption interrupted between its add and its delete):
+	// only the old rule is left to delete.
+	Present bool
+	Tables  []byte // for OpWriteTables
+	File    string
+	Reason  string
 }
 
 // Object names what the op is about, for errors and status.
 func (o Op) Object() string {
 	switch o.Kind {
-	case OpAddRule, OpDelRule:
+	case OpAddRule, OpDelRule, OpAdoptRule:
 		return "rule " + o.Rule.String()
 	case OpWriteTables, OpRemoveTables:
 		return "file " + o.File
@@ -56,6 +64,16 @@ func (o Op) String() string {
 		return "+ " + o.Object()
 	case OpReplaceRoute:
 		return fmt.Sprintf("~ route %s (was %s)", o.Route, o.Old)
+	case OpAdoptRoute:
+		if o.Old != o.Route {
+			return fmt.Sprintf("~ %s adopt (mark as nodeagent's; was %s)", o.Object(), o.Old)
+		}
+		return fmt.Sprintf("~ %s adopt (mark as nodeagent's)", o.Object())
+	case OpAdoptRule:
+		if o.Present {
+			return fmt.Sprintf("~ %s adopt (delete the old copy beside nodeagent's)", o.Object())
+		}
+		return fmt.Sprintf("~ %s adopt (mark as nodeagent's)", o.Object())
 	case OpDelRule, OpDelRoute, OpRemoveTables:
 		return "- " + o.Object()
 	}
@@ -70,7 +88,7 @@ func (o Op) Entry() plan.Entry {
 	kind := plan.KindRoute
 	action := plan.Change
 	switch o.Kind {
-	case OpAddRule, OpDelRule:
+	case OpAddRule, OpDelRule, OpAdoptRule:
 		kind = plan.KindRule
 	case OpWriteTables, OpRemoveTables:
 		kind = plan.KindFile
@@ -83,7 +101,8 @@ func (o Op) Entry() plan.Entry {
 	case OpPending, OpConflict:
 		action = plan.NotApplied
 	}
-	e := plan.Entry{Subsystem: plan.Routes, Kind: kind, Action: action, Object: o.Object(), Text: o.String()}
+	e := plan.Entry{Subsystem: plan.Routes, Kind: kind, Action: action, Object: o.Object(), Text: o.String(),
+		Adopt: o.Kind == OpAdoptRoute || o.Kind == OpAdoptRule}
 	switch o.Kind {
 	case OpPending:
 		e.Err = fmt.Errorf("%s: %w", o.Object(), &host.PendingError{Reason: o.Reason, Missing: o.Route.Dev})
@@ -147,6 +166,8 @@ func MakePlan(d Desired, o Observed) Plan {
 			ops = append(ops, Op{Kind: OpPending, Route: r, Reason: fmt.Sprintf("device %s does not exist yet", r.Dev)})
 		case !exists:
 			ops = append(ops, Op{Kind: OpAddRoute, Route: r})
+		case !cur.Owned && d.AdoptRoutes[r]:
+			ops = append(ops, Op{Kind: OpAdoptRoute, Route: r, Old: cur.Route})
 		case !cur.Owned:
 			ops = append(ops, Op{Kind: OpConflict, Route: r, Reason: fmt.Sprintf("a route not created by nodeagent holds this key (%s); left untouched", cur.Route)})
 		case cur.Route != r:
@@ -159,15 +180,39 @@ func MakePlan(d Desired, o Observed) Plan {
 		}
 	}
 
-	haveRule := map[Rule]bool{}
-	for _, r := range o.Rules {
-		haveRule[r.Rule] = true
+	// Foreign rules are observed only for adoption: they are never
+	// compared with desired ones otherwise.
+	// Rules are observed in the kernel's list order, which is the order
+	// a rule delete searches.
+	haveRule := map[Rule]int{} // owned rule -> its place in the list
+	foreign := map[Rule]int{}  // the first foreign rule just like a desired one
+	for i, r := range o.Rules {
+		m := haveRule
+		if !r.Owned {
+			m = foreign
+		}
+		if _, ok := m[r.Rule]; !ok {
+			m[r.Rule] = i
+		}
 	}
 	wantRule := map[Rule]bool{}
 	for _, r := range d.Rules {
 		wantRule[r] = true
-		if !haveRule[r] {
+		at, have := haveRule[r]
+		old, found := foreign[r]
+		adopt := d.AdoptRules[r] && found
+		switch {
+		case adopt && !have:
+			ops = append(ops, Op{Kind: OpAdoptRule, Rule: r, OldRule: o.Rules[old]})
+		case !have:
 			ops = append(ops, Op{Kind: OpAddRule, Rule: r})
+		case adopt && (o.Rules[old].Proto != 0 || old < at):
+			// Ours is there and so is the old one: an adoption was
+			// interrupted after its add. The old one is deleted only when
+			// the delete cannot hit ours: it has a protocol of its own,
+			// or comes first in the list, where a delete without one
+			// matches.
+			ops = append(ops, Op{Kind: OpAdoptRule, Rule: r, OldRule: o.Rules[old], Present: true})
 		}
 	}
 	for _, r := range o.Rules {

@@ -7,6 +7,17 @@
 // with the key of a desired one is a conflict, and foreign rules, even at a
 // priority nodeagent also uses, are left alone.
 //
+// Adoption is the one exception, and it is explicit per object: a desired
+// route or rule the config marks adopt: true (Desired.AdoptRoutes,
+// Desired.AdoptRules) takes over the foreign one it names, without a packet
+// taking another path meanwhile. A route is replaced in place
+// (NLM_F_REPLACE) with nodeagent's protocol, also when its other fields
+// differ from the desired ones; it is never deleted first. A rule is
+// make-before-break: nodeagent's rule is added at the same priority, behind
+// the old one, before the old one is deleted by its own protocol (see
+// adoptRule). A marked object that does not exist yet is simply added, and
+// one nodeagent already owns needs nothing: the mark is a no-op then.
+//
 // A kill-switch table gets `unreachable default` (IPv4 and IPv6) at the
 // highest metric, so a missing tunnel device leaves the table unreachable
 // instead of empty: traffic sent to it never falls through to the main table.
@@ -65,6 +76,12 @@ type Desired struct {
 	Tables []Table
 	Routes []Route
 	Rules  []Rule
+	// AdoptRoutes are the desired routes (members of Routes) that take over
+	// a foreign route with their key; AdoptRules the desired rules that
+	// take over a foreign rule just like them. They are kept beside Routes
+	// and Rules, which compare with the kernel's by ==.
+	AdoptRoutes map[Route]bool
+	AdoptRules  map[Rule]bool
 	// TablesFile is the rt_tables.d entry that names the tables for `ip`;
 	// "" leaves it alone.
 	TablesFile string

@@ -50,7 +50,8 @@ func (o Op) Entry() plan.Entry {
 		kind = plan.KindWireGuardPeer
 	}
 	obj := o.Object()
-	e := plan.Entry{Subsystem: plan.WireGuard, Kind: kind, Action: plan.Action(o.Action()), Object: obj, Text: o.text(obj)}
+	e := plan.Entry{Subsystem: plan.WireGuard, Kind: kind, Action: plan.Action(o.Action()), Object: obj, Text: o.text(obj),
+		Adopt: o.Kind == OpMarkDevice && !o.Old.Interrupted}
 	if o.Kind == OpFail {
 		e.Err = opError(o)
 	}
