@@ -2,6 +2,7 @@ package wg
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -193,5 +194,67 @@ func TestKeyNeverPrints(t *testing.T) {
 	}
 	if _, err := ParseKey("not a key " + secret[0][:10]); err == nil || strings.Contains(err.Error(), secret[0][:10]) {
 		t.Errorf("ParseKey error %v: want an error that does not repeat the text", err)
+	}
+}
+
+// TestAdoptWritesOnlyTheMark: adopting a device (wg-quick's, say) that
+// already has exactly the desired key, port and 20 peers (endpoints,
+// keepalives, preshared keys, live sessions, a plain address) plans the
+// mark and nothing else: no device write, no peer write, so no session
+// is disturbed. The plan reads as only an adoption.
+func TestAdoptWritesOnlyTheMark(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	priv := testKey(1)
+	d := Device{Name: "wg0", Impl: ImplAuto, PrivateKey: priv, ListenPort: 51820, MTU: 1420, Adopt: true,
+		Addrs: []netip.Prefix{pfx("10.90.0.1/24")}}
+	od := ObservedDevice{Name: "wg0", Index: 7, Kind: "wireguard", Impl: ImplKernel, MTU: 1420, Up: true,
+		Addrs:      []ObservedAddr{{Prefix: pfx("10.90.0.1/24")}},
+		PrivateKey: priv, PublicKey: priv.PublicKey(), ListenPort: 51820, Peers: map[wgtypes.Key]ObservedPeer{}}
+	resolved := map[string]Resolved{}
+	for i := range 20 {
+		p := Peer{PublicKey: pub(byte(10 + i)), Name: fmt.Sprintf("peer%d", i),
+			AllowedIPs: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 90, 1, byte(i)}), 32)}}
+		op := ObservedPeer{PublicKey: p.PublicKey, AllowedIPs: p.AllowedIPs, RxBytes: int64(1000 * i), TxBytes: int64(2000 * i)}
+		switch i % 4 {
+		case 0: // a site peer at a fixed address, keepalive, live
+			p.Endpoint = fmt.Sprintf("198.51.100.%d:51820", i)
+			p.Keepalive = 25 * time.Second
+			op.Endpoint = netip.MustParseAddrPort(p.Endpoint)
+			resolved[p.Endpoint] = Resolved{Addr: op.Endpoint}
+			op.Keepalive = p.Keepalive
+			op.LastHandshake = now.Add(-30 * time.Second)
+		case 1: // a peer by host name, with a preshared key
+			p.Endpoint = fmt.Sprintf("site%d.example:51820", i)
+			p.PresharedKey = testKey(byte(100 + i))
+			ep := netip.MustParseAddrPort(fmt.Sprintf("203.0.113.%d:51820", i))
+			resolved[p.Endpoint] = Resolved{Addr: ep}
+			op.Endpoint, op.PresharedKey = ep, p.PresharedKey
+			op.LastHandshake = now.Add(-time.Hour)
+		case 2: // a roaming client, live at an endpoint the kernel learnt
+			op.Endpoint = netip.MustParseAddrPort(fmt.Sprintf("192.0.2.%d:40000", i))
+			op.LastHandshake = now.Add(-10 * time.Second)
+		default: // a client never seen
+		}
+		d.Peers = append(d.Peers, p)
+		od.Peers[p.PublicKey] = op
+	}
+	o := Observed{Devices: map[string]ObservedDevice{"wg0": od}, Resolved: resolved, Kernel: true, Time: now}
+	p := MakePlan(Desired{Devices: []Device{d}}, o)
+	if want := "~ wireguard wg0 adopt (mark as nodeagent's)\n"; p.String() != want {
+		t.Fatalf("adopting a device as desired plans:\n%swant only:\n%s", p, want)
+	}
+	if len(p.Ops) != 1 || p.Ops[0].Kind != OpMarkDevice {
+		t.Errorf("ops %+v: want the mark alone: no device, peer, address or MTU write", p.Ops)
+	}
+	if r := p.Report(); !r.OnlyAdoptions() {
+		t.Errorf("the adoption is not reported as one: %+v", r)
+	}
+
+	// Marked, it is nodeagent's: adopt: true again (a re-import) plans
+	// nothing.
+	od.Owned = true
+	o.Devices["wg0"] = od
+	if p := MakePlan(Desired{Devices: []Device{d}}, o); !p.Empty() {
+		t.Errorf("an owned device with adopt: true plans:\n%s", p)
 	}
 }
