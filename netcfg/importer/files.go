@@ -1,0 +1,329 @@
+package importer
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+)
+
+// maxFile bounds every file read from /etc: a wg-quick file of thousands
+// of peers is a few hundred KiB.
+const maxFile = 4 << 20
+
+// fileRules are how a file under /etc is read: not through a link, a
+// regular file, at most maxFile bytes.
+var fileRules = fsafe.Rules{MaxSize: maxFile}
+
+// maxDirEntries bounds the entries looked at in one directory.
+const maxDirEntries = 10000
+
+// ReadFiles fills the file part of s (TableNames, WGQuick, WGQuickUnits,
+// Units) from the directory etc, which stands for /etc. What cannot be
+// read is added to s.Problems; a missing file or directory is no problem.
+func ReadFiles(etc string, s *Snapshot) {
+	names := map[int]string{}
+	readTables(filepath.Join(etc, "iproute2", "rt_tables"), names, s)
+	for _, f := range listDir(filepath.Join(etc, "iproute2", "rt_tables.d"), ".conf", s) {
+		readTables(f, names, s)
+	}
+	if len(names) > 0 {
+		s.TableNames = names
+	}
+	for _, f := range listDir(filepath.Join(etc, "wireguard"), ".conf", s) {
+		data, err := fsafe.ReadFile(f, fileRules)
+		if err != nil {
+			s.Problems = append(s.Problems, problem(err))
+			continue
+		}
+		w := ParseWGQuick(strings.TrimSuffix(filepath.Base(f), ".conf"), data)
+		for _, p := range w.Problems {
+			s.Problems = append(s.Problems, f+": "+p)
+		}
+		w.Problems = nil
+		s.WGQuick = append(s.WGQuick, w)
+	}
+	wants := filepath.Join(etc, "systemd", "system", "multi-user.target.wants")
+	for _, e := range readDirNames(wants, s) {
+		if name, ok := strings.CutPrefix(e, "wg-quick@"); ok {
+			if name, ok = strings.CutSuffix(name, ".service"); ok && name != "" {
+				s.WGQuickUnits = append(s.WGQuickUnits, name)
+			}
+		}
+	}
+	for _, f := range listDir(filepath.Join(etc, "systemd", "system"), ".service", s) {
+		data, err := fsafe.ReadFile(f, fileRules)
+		if err != nil {
+			s.Problems = append(s.Problems, problem(err))
+			continue
+		}
+		if links := unitLinks(string(data)); len(links) > 0 {
+			s.Units = append(s.Units, Unit{Name: filepath.Base(f), Links: links})
+		}
+	}
+}
+
+// problem is err as one line: fsafe's errors name the file and the reason
+// and never what it holds.
+func problem(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+// readDirNames lists dir's entry names, sorted; a missing dir is empty.
+func readDirNames(dir string, s *Snapshot) []string {
+	d, err := fsafe.OpenDir(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.Problems = append(s.Problems, problem(err))
+		}
+		return nil
+	}
+	defer d.Close()
+	entries, err := d.ReadDir()
+	if err != nil {
+		s.Problems = append(s.Problems, fmt.Sprintf("%s: cannot list: %v", dir, err))
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if len(out) == maxDirEntries {
+			s.Problems = append(s.Problems, fmt.Sprintf("%s: more than %d entries; the rest are not read", dir, maxDirEntries))
+			break
+		}
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// listDir returns the paths of dir's regular files (not links) ending in
+// ext, sorted by name, dotfiles left out.
+func listDir(dir, ext string, s *Snapshot) []string {
+	d, err := fsafe.OpenDir(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.Problems = append(s.Problems, problem(err))
+		}
+		return nil
+	}
+	defer d.Close()
+	entries, err := d.ReadDir()
+	if err != nil {
+		s.Problems = append(s.Problems, fmt.Sprintf("%s: cannot list: %v", dir, err))
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ext) || !e.Type().IsRegular() {
+			continue
+		}
+		if len(out) == maxDirEntries {
+			s.Problems = append(s.Problems, fmt.Sprintf("%s: more than %d files; the rest are not read", dir, maxDirEntries))
+			break
+		}
+		out = append(out, filepath.Join(dir, n))
+	}
+	return out
+}
+
+// readTables adds the "ID NAME" lines of an rt_tables file to names; a
+// later file's name for an id wins, as ip(8) reads them.
+func readTables(path string, names map[int]string, s *Snapshot) {
+	data, err := fsafe.ReadFile(path, fileRules)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.Problems = append(s.Problems, problem(err))
+		}
+		return
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		id, err := strconv.ParseUint(f[0], 0, 32)
+		if err != nil {
+			continue
+		}
+		names[int(id)] = f[1]
+	}
+}
+
+// ParseWGQuick parses a wg-quick file as wg-quick(8) reads it: keys are
+// case-insensitive, '#' starts a comment, Address, DNS and AllowedIPs are
+// comma lists and may repeat. A comment line just above a [Peer] header is
+// that peer's NameHint. Problems name lines by number, never their text.
+func ParseWGQuick(name string, data []byte) WGQuickFile {
+	w := WGQuickFile{Name: name}
+	section := ""
+	lastComment := ""
+	var peer *WGPeer
+	list := func(v string) []string {
+		var out []string
+		for part := range strings.SplitSeq(v, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				out = append(out, part)
+			}
+		}
+		return out
+	}
+	for i, raw := range strings.Split(strings.TrimPrefix(string(data), "\uFEFF"), "\n") {
+		ln := i + 1
+		trimmed := strings.TrimSpace(raw)
+		if c, ok := strings.CutPrefix(trimmed, "#"); ok {
+			lastComment = strings.TrimSpace(strings.TrimLeft(c, "#"))
+			continue
+		}
+		s := trimmed
+		if section != "interface" || !isHookLine(s) {
+			// Hook commands keep their '#' (a shell comment there is the
+			// shell's business); elsewhere it starts a comment.
+			s, _, _ = strings.Cut(s, "#")
+			s = strings.TrimSpace(s)
+		}
+		if s == "" {
+			lastComment = ""
+			continue
+		}
+		if strings.HasPrefix(s, "[") {
+			switch strings.ToLower(strings.TrimSpace(strings.Trim(s, "[]"))) {
+			case "interface":
+				section = "interface"
+			case "peer":
+				section = "peer"
+				w.Peers = append(w.Peers, WGPeer{NameHint: lastComment})
+				peer = &w.Peers[len(w.Peers)-1]
+			default:
+				section = "?"
+				w.Problems = append(w.Problems, fmt.Sprintf("line %d: unknown section", ln))
+			}
+			lastComment = ""
+			continue
+		}
+		lastComment = ""
+		key, val, ok := strings.Cut(s, "=")
+		if !ok {
+			w.Problems = append(w.Problems, fmt.Sprintf("line %d: not Key = Value (the line is not shown)", ln))
+			continue
+		}
+		key, val = strings.ToLower(strings.TrimSpace(key)), strings.TrimSpace(val)
+		switch section {
+		case "interface":
+			switch key {
+			case "privatekey":
+				w.PrivateKey = val
+			case "address":
+				w.Addresses = append(w.Addresses, list(val)...)
+			case "dns":
+				w.DNS = append(w.DNS, list(val)...)
+			case "table":
+				w.Table = val
+			case "mtu":
+				w.MTU, _ = strconv.Atoi(val)
+			case "listenport":
+				w.ListenPort, _ = strconv.Atoi(val)
+			case "fwmark":
+				w.FwMark = val
+			case "saveconfig":
+				w.SaveConfig = strings.EqualFold(val, "true")
+			case "preup", "postup", "predown", "postdown":
+				w.Hooks = append(w.Hooks, Hook{When: hookName[key], Command: val})
+			default:
+				w.Problems = append(w.Problems, fmt.Sprintf("line %d: unknown key in [Interface]", ln))
+			}
+		case "peer":
+			switch key {
+			case "publickey":
+				peer.PublicKey = val
+			case "presharedkey":
+				peer.PresharedKey = val
+			case "endpoint":
+				peer.Endpoint = val
+			case "allowedips":
+				peer.AllowedIPs = append(peer.AllowedIPs, list(val)...)
+			case "persistentkeepalive":
+				if !strings.EqualFold(val, "off") {
+					peer.PersistentKeepalive, _ = strconv.Atoi(val)
+				}
+			default:
+				w.Problems = append(w.Problems, fmt.Sprintf("line %d: unknown key in [Peer]", ln))
+			}
+		case "":
+			w.Problems = append(w.Problems, fmt.Sprintf("line %d: outside a section", ln))
+		}
+	}
+	return w
+}
+
+var hookName = map[string]string{"preup": "PreUp", "postup": "PostUp", "predown": "PreDown", "postdown": "PostDown"}
+
+func isHookLine(s string) bool {
+	key, _, ok := strings.Cut(s, "=")
+	_, hook := hookName[strings.ToLower(strings.TrimSpace(key))]
+	return ok && hook
+}
+
+// unitLinks returns the links a unit's Exec lines make with ip link add,
+// sorted and each once.
+func unitLinks(text string) []string {
+	var out []string
+	for line := range strings.SplitSeq(text, "\n") {
+		key, val, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok || !strings.HasPrefix(strings.TrimSpace(key), "Exec") {
+			continue
+		}
+		out = append(out, ipLinkAdds(val)...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// ipLinkAdds finds each "ip [OPTIONS] link add ..." in a command line
+// (also inside sh -c '...' and after ; or &&) and returns the names of the
+// links they make.
+func ipLinkAdds(cmd string) []string {
+	cmd = strings.NewReplacer("'", " ", "\"", " ", ";", " ; ", "&&", " ; ", "||", " ; ").Replace(cmd)
+	f := strings.Fields(cmd)
+	var out []string
+	for i := 0; i < len(f); i++ {
+		if filepath.Base(strings.TrimLeft(f[i], "-+!@:")) != "ip" {
+			continue
+		}
+		j := i + 1
+		for j < len(f) && strings.HasPrefix(f[j], "-") {
+			j++
+		}
+		if j+1 >= len(f) || (f[j] != "link" && f[j] != "l") || (f[j+1] != "add" && f[j+1] != "a") {
+			continue
+		}
+		name := ""
+	args:
+		for k := j + 2; k < len(f); k++ {
+			switch f[k] {
+			case ";", "type":
+				break args
+			case "link":
+				k++
+			case "name", "dev":
+				if k+1 < len(f) {
+					name = f[k+1]
+				}
+				k++
+			default:
+				if name == "" {
+					name = f[k]
+				}
+			}
+		}
+		if name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}

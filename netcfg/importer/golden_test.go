@@ -1,0 +1,165 @@
+package importer
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/register"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
+)
+
+// The golden cases are testdata/CASE/: snapshot.json (the kernel's part of
+// a Snapshot), etc/ (files ReadFiles reads: wg-quick files, rt_tables,
+// units), only.txt (Options.Only, one name a line), and the outputs
+// want.yaml (the config) and want-files.txt (the files, steps and notes).
+// NODEAGENT_UPDATE_GOLDEN=1 writes the outputs.
+
+func loadCase(t *testing.T, dir string) (Snapshot, Options) {
+	t.Helper()
+	var s Snapshot
+	b, err := os.ReadFile(filepath.Join(dir, "snapshot.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "etc")); err == nil {
+		ReadFiles(filepath.Join(dir, "etc"), &s)
+	}
+	var o Options
+	if b, err := os.ReadFile(filepath.Join(dir, "only.txt")); err == nil {
+		o.Only = strings.Fields(string(b))
+	}
+	return s, o
+}
+
+// describe renders a Result's files, steps and notes for want-files.txt.
+func describe(r Result) string {
+	var b strings.Builder
+	for _, f := range r.Files {
+		fmt.Fprintf(&b, "== %s %04o\n%s", f.Path, f.Mode, f.Data)
+	}
+	b.WriteString("== steps\n")
+	for _, s := range r.Steps {
+		b.WriteString(s + "\n")
+	}
+	b.WriteString("== notes\n")
+	for _, n := range r.Notes {
+		b.WriteString(n + "\n")
+	}
+	return b.String()
+}
+
+func golden(t *testing.T, path, got string) {
+	t.Helper()
+	if os.Getenv("NODEAGENT_UPDATE_GOLDEN") == "1" {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (NODEAGENT_UPDATE_GOLDEN=1 writes it)", err)
+	}
+	if diff := cmp.Diff(strings.Split(string(want), "\n"), strings.Split(got, "\n")); diff != "" {
+		t.Errorf("%s differs (-want +got):\n%s", path, diff)
+	}
+}
+
+func TestGolden(t *testing.T) {
+	cases, err := filepath.Glob("testdata/*/snapshot.json")
+	if err != nil || len(cases) == 0 {
+		t.Fatalf("no cases: %v", err)
+	}
+	for _, c := range cases {
+		dir := filepath.Dir(c)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			s, o := loadCase(t, dir)
+			r, err := Build(s, o)
+			if err != nil {
+				t.Fatalf("Build: %v\n%s", err, r.Config)
+			}
+			golden(t, filepath.Join(dir, "want.yaml"), string(r.Config))
+			golden(t, filepath.Join(dir, "want-files.txt"), describe(r))
+
+			again, err := Build(s, o)
+			if err != nil || string(again.Config) != string(r.Config) || describe(again) != describe(r) {
+				t.Errorf("a second Build differs: %v", err)
+			}
+			validateInstalled(t, s, o)
+		})
+	}
+}
+
+// TestWantValidates checks every want.yaml as it stands in testdata.
+func TestWantValidates(t *testing.T) {
+	wants, _ := filepath.Glob("testdata/*/want.yaml")
+	for _, w := range wants {
+		b, err := os.ReadFile(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := config.ParseWith(w, b, config.Options{SkipFileChecks: true}); err != nil {
+			t.Errorf("%s does not validate:\n%v", w, err)
+		}
+	}
+}
+
+// validateInstalled builds with a temporary root, writes the files there
+// as nodeagent import --out does, and checks the config with the file
+// checks on, the key files with the daemon's reader, and every peersDir
+// with the register's loader.
+func validateInstalled(t *testing.T, s Snapshot, o Options) {
+	t.Helper()
+	root := t.TempDir()
+	o.Root = root
+	r, err := Build(s, o)
+	if err != nil {
+		t.Fatalf("Build at %s: %v", root, err)
+	}
+	if err := WriteOut(root, r); err != nil {
+		t.Fatalf("WriteOut: %v", err)
+	}
+	c, err := config.Load(filepath.Join(root, "nodeagent.yaml"))
+	if err != nil {
+		t.Fatalf("the installed config does not validate:\n%v\n%s", err, r.Config)
+	}
+	for _, w := range c.WireGuard {
+		if _, err := os.Stat(w.PrivateKeyFile); err == nil {
+			if _, err := wg.ReadPrivateKeyFile(w.PrivateKeyFile); err != nil {
+				t.Errorf("%s: %v", w.Name, err)
+			}
+		}
+		if w.PeersDir == "" {
+			continue
+		}
+		reg := register.Load(w.PeersDir, config.Options{})
+		if len(reg.Errors) > 0 {
+			t.Errorf("%s: peersDir: %v", w.Name, reg.Errors)
+		}
+		n := 0
+		for _, f := range r.Files {
+			if strings.HasPrefix(f.Path, "peers/"+w.Name+"/") {
+				n++
+			}
+		}
+		if len(reg.Peers) != n {
+			t.Errorf("%s: %d peers read from %d files", w.Name, len(reg.Peers), n)
+		}
+		for _, p := range reg.Peers {
+			if p.Peer.PresharedKeyFile != "" {
+				if _, err := wg.ReadKeyFile(p.Peer.PresharedKeyFile); err != nil {
+					t.Errorf("%s: %v", p.File, err)
+				}
+			}
+		}
+	}
+}

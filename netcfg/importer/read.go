@@ -1,0 +1,349 @@
+package importer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// ReadOptions say where Read looks.
+type ReadOptions struct {
+	// Etc is the directory that stands for /etc (default /etc).
+	Etc string
+	// ProcSys is the directory that stands for /proc/sys (default
+	// /proc/sys); it is read from inside the handle's namespace.
+	ProcSys string
+}
+
+// SysctlKeys are the sysctls Read looks at, in the config's syntax: the
+// ones a node set up for routing and VPNs changes. Per link, rp_filter of
+// every VLAN, macvlan and WireGuard link is read as well
+// (net.ipv4.conf.NAME.rp_filter, '.' in NAME written '/').
+var SysctlKeys = []string{
+	"net.ipv4.ip_forward",
+	"net.ipv6.conf.all.forwarding",
+	"net.ipv4.conf.all.src_valid_mark",
+	"net.ipv4.conf.all.rp_filter",
+	"net.ipv4.conf.default.rp_filter",
+}
+
+// sysctlDefaults are the kernel's values of SysctlKeys; a key at its
+// default is not imported. A link's rp_filter is imported when it differs
+// from net.ipv4.conf.default.rp_filter, which a new link starts with.
+var sysctlDefaults = map[string]string{
+	"net.ipv4.ip_forward":              "0",
+	"net.ipv6.conf.all.forwarding":     "0",
+	"net.ipv4.conf.all.src_valid_mark": "0",
+	"net.ipv4.conf.all.rp_filter":      "0",
+	"net.ipv4.conf.default.rp_filter":  "0",
+}
+
+// Read fills a Snapshot from the namespace h is bound to and from the files
+// under o.Etc. What it cannot read without root (WireGuard devices, whose
+// keys only CAP_NET_ADMIN may read; root's wg-quick files) is named in
+// Problems rather than failing the read; a netlink dump that fails is an
+// error.
+func Read(ctx context.Context, h *host.Host, o ReadOptions) (Snapshot, error) {
+	if o.Etc == "" {
+		o.Etc = "/etc"
+	}
+	if o.ProcSys == "" {
+		o.ProcSys = "/proc/sys"
+	}
+	var s Snapshot
+	if err := readKernel(ctx, h, o, &s); err != nil {
+		return s, err
+	}
+	ReadFiles(o.Etc, &s)
+	return s, nil
+}
+
+func readKernel(ctx context.Context, h *host.Host, o ReadOptions, s *Snapshot) error {
+	links, err := host.Retry(h.LinkList)
+	if err != nil {
+		return err
+	}
+	addrs, err := host.Retry(h.AddrList)
+	if err != nil {
+		return err
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Index] = l.Name
+	}
+	byIndex := map[int][]Addr{}
+	for _, a := range addrs {
+		byIndex[a.LinkIndex] = append(byIndex[a.LinkIndex], Addr{
+			Prefix:  a.Prefix.String(),
+			Scope:   scopeName(a.Scope),
+			Dynamic: a.Flags&unix.IFA_F_PERMANENT == 0,
+		})
+	}
+	for _, l := range links {
+		k := Link{Name: l.Name, Kind: l.Kind, MTU: l.MTU, Up: l.Up, Alias: l.Alias, Group: l.Group, Addresses: byIndex[l.Index]}
+		if l.ParentIndex != 0 && l.ParentIndex != l.Index {
+			k.Parent = names[l.ParentIndex]
+		}
+		switch l.Kind {
+		case "vlan":
+			k.VLANID = l.VLANID
+		case "macvlan":
+			k.MacvlanMode = macvlanModes[l.MacvlanMode]
+		}
+		s.Links = append(s.Links, k)
+	}
+	slices.SortFunc(s.Links, func(a, b Link) int { return strings.Compare(a.Name, b.Name) })
+
+	rules, err := host.Retry(h.RuleList)
+	if err != nil {
+		return err
+	}
+	for _, r := range rules {
+		s.Rules = append(s.Rules, ruleOf(r))
+	}
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		routes, err := host.Retry(func() ([]netlink.Route, error) {
+			return h.NL().RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		})
+		if err != nil {
+			return fmt.Errorf("dump routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Table == unix.RT_TABLE_LOCAL {
+				continue
+			}
+			s.Routes = append(s.Routes, routeOf(fam, r, names))
+		}
+	}
+
+	var wgNames []string
+	for _, l := range s.Links {
+		if l.Kind == "wireguard" {
+			wgNames = append(wgNames, l.Name)
+		}
+	}
+	if len(wgNames) > 0 {
+		readWireGuard(h, wgNames, s)
+	}
+	readSysctls(h, o.ProcSys, s)
+	return ctx.Err()
+}
+
+// macvlanModes names the kernel's MACVLAN_MODE_* values (linux/if_link.h).
+var macvlanModes = map[uint32]string{1: "private", 2: "vepa", 4: "bridge", 8: "passthru", 16: "source"}
+
+func scopeName(s uint8) string {
+	switch s {
+	case unix.RT_SCOPE_UNIVERSE:
+		return "global"
+	case unix.RT_SCOPE_SITE:
+		return "site"
+	case unix.RT_SCOPE_LINK:
+		return "link"
+	case unix.RT_SCOPE_HOST:
+		return "host"
+	case unix.RT_SCOPE_NOWHERE:
+		return "nowhere"
+	}
+	return fmt.Sprint(s)
+}
+
+var ruleActions = map[uint8]string{
+	unix.FR_ACT_TO_TBL:      "table",
+	unix.FR_ACT_GOTO:        "goto",
+	unix.FR_ACT_NOP:         "nop",
+	unix.FR_ACT_BLACKHOLE:   "blackhole",
+	unix.FR_ACT_UNREACHABLE: "unreachable",
+	unix.FR_ACT_PROHIBIT:    "prohibit",
+}
+
+func familyName(f int) string {
+	if f == unix.AF_INET6 {
+		return "inet6"
+	}
+	return "inet"
+}
+
+func prefixString(n *net.IPNet) string {
+	if n == nil {
+		return ""
+	}
+	ones, _ := n.Mask.Size()
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return n.String()
+	}
+	return netip.PrefixFrom(a.Unmap(), ones).String()
+}
+
+func ruleOf(r netlink.Rule) Rule {
+	out := Rule{Priority: r.Priority, Family: familyName(r.Family), From: prefixString(r.Src), To: prefixString(r.Dst),
+		IIF: r.IifName, OIF: r.OifName, Table: r.Table, Invert: r.Invert, Protocol: int(r.Protocol)}
+	out.Action = ruleActions[r.Type]
+	if out.Action == "" {
+		out.Action = fmt.Sprint(r.Type)
+	}
+	if r.Mark != 0 || r.Mask != nil {
+		out.FwMark = fmt.Sprintf("0x%x", r.Mark)
+		if r.Mask != nil && *r.Mask != 0xffffffff {
+			out.FwMark += fmt.Sprintf("/0x%x", *r.Mask)
+		}
+	}
+	if r.SuppressPrefixlen >= 0 {
+		n := r.SuppressPrefixlen
+		out.SuppressPrefixLength = &n
+	}
+	return out
+}
+
+var routeTypes = map[int]string{
+	unix.RTN_UNICAST: "unicast", unix.RTN_LOCAL: "local", unix.RTN_BROADCAST: "broadcast",
+	unix.RTN_ANYCAST: "anycast", unix.RTN_MULTICAST: "multicast", unix.RTN_BLACKHOLE: "blackhole",
+	unix.RTN_UNREACHABLE: "unreachable", unix.RTN_PROHIBIT: "prohibit", unix.RTN_THROW: "throw",
+	unix.RTN_NAT: "nat",
+}
+
+func routeOf(fam int, r netlink.Route, names map[int]string) Route {
+	out := Route{Table: r.Table, Metric: r.Priority, Scope: scopeName(uint8(r.Scope)), Protocol: int(r.Protocol),
+		OnLink: r.Flags&unix.RTNH_F_ONLINK != 0, Multipath: len(r.MultiPath) > 0, Dev: names[r.LinkIndex]}
+	out.Type = routeTypes[r.Type]
+	if out.Type == "" {
+		out.Type = fmt.Sprint(r.Type)
+	}
+	switch {
+	case r.Dst != nil:
+		out.To = prefixString(r.Dst)
+	case fam == unix.AF_INET6:
+		out.To = "::/0"
+	default:
+		out.To = "0.0.0.0/0"
+	}
+	if a, ok := netip.AddrFromSlice(r.Gw); ok && r.Gw != nil {
+		out.Via = a.Unmap().String()
+	}
+	if a, ok := netip.AddrFromSlice(r.Src); ok && r.Src != nil {
+		out.Src = a.Unmap().String()
+	}
+	return out
+}
+
+// readWireGuard reads the named devices with wgctrl inside h's namespace.
+func readWireGuard(h *host.Host, names []string, s *Snapshot) {
+	err := h.Do(func() error {
+		c, err := wgctrl.New()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for _, n := range names {
+			d, err := c.Device(n)
+			if err != nil {
+				if errors.Is(err, os.ErrPermission) {
+					return err
+				}
+				s.Problems = append(s.Problems, fmt.Sprintf("WireGuard device %s: %v", n, err))
+				continue
+			}
+			s.WireGuard = append(s.WireGuard, deviceOf(d))
+		}
+		return nil
+	})
+	if errors.Is(err, os.ErrPermission) {
+		s.Problems = append(s.Problems, "WireGuard devices (keys and peers) cannot be read without root (CAP_NET_ADMIN); run nodeagent import as root")
+	} else if err != nil {
+		s.Problems = append(s.Problems, fmt.Sprintf("WireGuard devices: %v", err))
+	}
+}
+
+func deviceOf(d *wgtypes.Device) WGDevice {
+	out := WGDevice{Name: d.Name, ListenPort: d.ListenPort, FwMark: d.FirewallMark}
+	if d.PrivateKey != (wgtypes.Key{}) {
+		out.PrivateKey = d.PrivateKey.String()
+	}
+	for _, p := range d.Peers {
+		wp := WGPeer{PublicKey: p.PublicKey.String(), PersistentKeepalive: int(p.PersistentKeepaliveInterval.Seconds())}
+		if p.PresharedKey != (wgtypes.Key{}) {
+			wp.PresharedKey = p.PresharedKey.String()
+		}
+		if p.Endpoint != nil {
+			wp.Endpoint = p.Endpoint.String()
+		}
+		for _, a := range p.AllowedIPs {
+			wp.AllowedIPs = append(wp.AllowedIPs, prefixString(&a))
+		}
+		out.Peers = append(out.Peers, wp)
+	}
+	return out
+}
+
+// maxSysctl bounds a sysctl value read.
+const maxSysctl = 4096
+
+// readSysctls reads SysctlKeys and the rp_filter of every VLAN, macvlan
+// and WireGuard link, inside h's namespace (a /proc/sys/net file shows the
+// namespace of the thread that opens it).
+func readSysctls(h *host.Host, procSys string, s *Snapshot) {
+	keys := slices.Clone(SysctlKeys)
+	for _, l := range s.Links {
+		if l.Kind == "vlan" || l.Kind == "macvlan" || l.Kind == "wireguard" {
+			keys = append(keys, "net.ipv4.conf."+strings.ReplaceAll(l.Name, ".", "/")+".rp_filter")
+		}
+	}
+	vals := map[string]string{}
+	err := h.Do(func() error {
+		for _, k := range keys {
+			path := sysctlPath(procSys, k)
+			b, err := readSmall(path)
+			if err != nil {
+				if !errors.Is(err, os.ErrNotExist) {
+					s.Problems = append(s.Problems, fmt.Sprintf("sysctl %s: %v", k, err))
+				}
+				continue
+			}
+			vals[k] = strings.Join(strings.Fields(string(b)), " ")
+		}
+		return nil
+	})
+	if err != nil {
+		s.Problems = append(s.Problems, fmt.Sprintf("sysctls: %v", err))
+	}
+	if len(vals) > 0 {
+		s.Sysctls = vals
+	}
+}
+
+// sysctlPath is the /proc/sys file of a key in the config's syntax: '.'
+// separates segments, '/' stands for a '.' inside one.
+func sysctlPath(procSys, key string) string {
+	segs := strings.Split(key, ".")
+	for i := range segs {
+		segs[i] = strings.ReplaceAll(segs[i], "/", ".")
+	}
+	return filepath.Join(append([]string{procSys}, segs...)...)
+}
+
+func readSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, maxSysctl)
+	n, err := f.Read(b)
+	if err != nil && n == 0 {
+		return nil, err
+	}
+	return b[:n], nil
+}
