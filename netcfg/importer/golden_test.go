@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -161,5 +162,78 @@ func validateInstalled(t *testing.T, s Snapshot, o Options) {
 				}
 			}
 		}
+	}
+}
+
+// TestFixedPoint imports each case again as the node looks once nodeagent
+// has taken over what the first import declared (links marked, rules and
+// routes of its protocol, the wg-quick units disabled, its rt_tables.d
+// entry written): the config and the files are the same.
+func TestFixedPoint(t *testing.T) {
+	cases, _ := filepath.Glob("testdata/*/snapshot.json")
+	for _, c := range cases {
+		dir := filepath.Dir(c)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			s, o := loadCase(t, dir)
+			first, err := Build(s, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.ParseWith("nodeagent.yaml", first.Config, config.Options{SkipFileChecks: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			owned := map[string]bool{}
+			for _, v := range cfg.VLANs {
+				owned[v.Name] = true
+			}
+			for _, m := range cfg.Macvlans {
+				owned[m.Name] = true
+			}
+			for _, w := range cfg.WireGuard {
+				owned[w.Name] = true
+			}
+			tables := map[int]bool{}
+			names := map[int]string{}
+			for _, tb := range cfg.Routing.Tables {
+				tables[tb.ID] = true
+				if tb.Name != "" {
+					names[tb.ID] = tb.Name
+				}
+			}
+			for i, l := range s.Links {
+				if owned[l.Name] {
+					s.Links[i].Alias = "nodeagent"
+				}
+			}
+			for i, r := range s.Rules {
+				if !isDefaultRule(r) {
+					s.Rules[i].Protocol = 147
+				}
+			}
+			for i, r := range s.Routes {
+				imported := slices.Contains([]string{"unicast", "unreachable", "blackhole", "prohibit"}, r.Type) && !r.Multipath
+				if tables[r.Table] && r.Protocol != protoKernel && imported {
+					s.Routes[i].Protocol = 147
+				}
+			}
+			for id, n := range names {
+				if s.TableNames == nil {
+					s.TableNames = map[int]string{}
+				}
+				s.TableNames[id] = n
+			}
+			s.WGQuickUnits = nil
+			again, err := Build(s, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(strings.Split(string(first.Config), "\n"), strings.Split(string(again.Config), "\n")); diff != "" {
+				t.Errorf("the config differs after the take-over (-first +again):\n%s", diff)
+			}
+			if diff := cmp.Diff(first.Files, again.Files); diff != "" {
+				t.Errorf("the files differ after the take-over (-first +again):\n%s", diff)
+			}
+		})
 	}
 }
