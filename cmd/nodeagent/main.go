@@ -47,6 +47,8 @@ Usage:
                                      forget the PIA registrations of the devices it removed;
                                      refused, changing nothing, while pods' links sit on a link
                                      it would delete (--force deletes them with it)
+  nodeagent import --out DIR         write a config that adopts what this node has (VLANs, wg-quick, rules;
+                                     nodeagent import --help for more)
   nodeagent version                  print the version (also --version)
   nodeagent help                     this help (also -h, --help)
 
@@ -93,6 +95,11 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "import" {
+		// import has flags of its own (--out, --only, ...), which the
+		// other commands' flag set would refuse.
+		return runImport(args[1:], stdout, stderr)
+	}
 	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringP("config", "c", DefaultConfig, "config file")
