@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/host"
 	"gopkg.in/yaml.v3"
 )
 
@@ -110,6 +111,12 @@ func Build(s Snapshot, o Options) (Result, error) {
 		sysctls: map[string]string{}, sysctlWhy: map[string]string{}, used: map[string]bool{}, tables: map[int]bool{},
 		tableNames: map[int]string{}}
 	for _, l := range s.Links {
+		if l.Group == host.CreatingGroup || l.Group == host.StagingGroup {
+			// nodeagent's own link between its creation and its mark, or
+			// a WireGuard device it is filling under a name of its own:
+			// its sync finishes or removes it.
+			continue
+		}
 		b.links[l.Name] = l
 	}
 	for _, w := range s.WGQuick {
@@ -161,6 +168,9 @@ func Build(s Snapshot, o Options) (Result, error) {
 	cfg := []byte(out.String())
 	if _, err := config.ParseWith(path.Join(o.Root, "nodeagent.yaml"), cfg, config.Options{SkipFileChecks: true}); err != nil {
 		return Result{Config: cfg}, fmt.Errorf("the imported config does not validate (a bug in nodeagent import; the config is shown for the report):\n%w", err)
+	}
+	if len(vlans)+len(macvlans)+len(wgs)+len(tables)+len(rules)+len(b.sysctls) == 0 {
+		b.notes = append(b.notes, "nothing found to import: no VLAN, macvlan or WireGuard device, no rule or table of its own, no sysctl off its default")
 	}
 	slices.SortFunc(b.files, func(x, y File) int { return strings.Compare(x.Path, y.Path) })
 	for _, p := range s.Problems {
@@ -240,7 +250,7 @@ func (b *builder) selectOnly() error {
 		return nil
 	}
 	known := map[string]bool{"rules": true, "sysctls": true}
-	for _, l := range b.s.Links {
+	for _, l := range b.links {
 		if l.Kind == "vlan" || l.Kind == "macvlan" || l.Kind == "wireguard" {
 			known[l.Name] = true
 		}
@@ -349,7 +359,7 @@ func (b *builder) parentComment(parent string) string {
 }
 
 func (b *builder) buildLinks() (vlans, macvlans []string) {
-	for _, l := range sortedLinks(b.s.Links) {
+	for _, l := range sortedLinks(b.links) {
 		if (l.Kind != "vlan" && l.Kind != "macvlan") || !b.selected(l.Name) {
 			continue
 		}
@@ -401,9 +411,11 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 	return vlans, macvlans
 }
 
-func sortedLinks(ls []Link) []Link {
-	out := slices.Clone(ls)
-	slices.SortFunc(out, func(x, y Link) int { return strings.Compare(x.Name, y.Name) })
+func sortedLinks(ls map[string]Link) []Link {
+	out := make([]Link, 0, len(ls))
+	for _, k := range sortedKeys(ls) {
+		out = append(out, ls[k])
+	}
 	return out
 }
 
@@ -419,7 +431,7 @@ func (b *builder) buildWireGuard() []string {
 		devs[d.Name] = d
 	}
 	names := map[string]bool{}
-	for _, l := range b.s.Links {
+	for _, l := range b.links {
 		if l.Kind == "wireguard" {
 			names[l.Name] = true
 		}
@@ -653,11 +665,18 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 			}
 		}
 		slices.Sort(routes)
-		add("wg-quick (Table = %s) added main-table routes for the peers' AllowedIPs; nodeagent adds none:", cmp.Or(wq.Table, "auto"))
-		add("the device's own prefixes reach peers inside them; for prefixes beyond, declare a table")
-		add("under routing.tables with routes dev %s and a rule that looks it up.", name)
-		for _, r := range routes {
-			add("  wg-quick's: %s", r)
+		if len(routes) > 0 {
+			add("wg-quick (Table = %s) added main-table routes for the peers' AllowedIPs; nodeagent adds none:", cmp.Or(wq.Table, "auto"))
+			add("the device's own prefixes reach peers inside them; for prefixes beyond, declare a table")
+			add("under routing.tables with routes dev %s and a rule that looks it up.", name)
+			for _, r := range routes {
+				add("  wg-quick's: %s", r)
+			}
+		}
+		if fullTunnel(wq.Peers) {
+			add("a peer allows a default route: wg-quick routed everything through %s with its fwmark, a table", name)
+			add("of its own and rules (imported above from the kernel, with fwMark), and its own nftables table")
+			add("wg-quick-%s, which is not imported (nodeagent's firewall.killSwitch confines forwarded traffic)", name)
 		}
 		if len(routes) > 0 {
 			b.notes = append(b.notes, fmt.Sprintf("%s: wg-quick's main-table routes (%d) stay until the reboot and are not made again by nodeagent; see the comment at wireguard %s", name, len(routes), name))
@@ -707,6 +726,17 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 		add("the PreDown/PostDown lines that undo the lines above are not needed: nodeagent removes what it made itself")
 	}
 	return c
+}
+
+// fullTunnel reports whether a peer allows 0.0.0.0/0 or ::/0, for which
+// wg-quick's Table = auto sets up policy routing instead of a main route.
+func fullTunnel(peers []WGPeer) bool {
+	for _, p := range peers {
+		if slices.Contains(p.AllowedIPs, "0.0.0.0/0") || slices.Contains(p.AllowedIPs, "::/0") {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *builder) addMasq(m masquerade, dev string) {
