@@ -6,13 +6,24 @@
 // routes, nftables and WireGuard converge first and labelling catches up,
 // retrying with a capped backoff. Its state is the LabelsSynced condition.
 //
-// Ownership follows DESIGN.md §4: every write is a server-side apply with
-// field manager "nodeagent" and without force. A label that leaves the
-// desired set leaves the Node, because SSA removes the fields a manager
-// owned and no longer applies; a label another manager (kubectl, the
-// kubelet, another controller) owns is never changed: an apply that would
-// take it over conflicts, the key is dropped from the apply, the rest is
-// applied, and LabelsSynced says Conflict and names it.
+// Ownership follows DESIGN.md §4: labels and annotations are written by
+// server-side apply with field manager "nodeagent" and without force. A
+// label that leaves the desired set leaves the Node, because SSA removes
+// the fields a manager owned and no longer applies. A label another
+// manager (kubectl, the kubelet, another controller) owns is not changed
+// unless the config adopts it: an apply that would take it over
+// conflicts, the key is dropped from the apply, the rest is applied, and
+// LabelsSynced says Conflict and names it.
+//
+// Adoption is explicit per key (kubernetes.adoptLabels, Config.Adopt). A
+// wanted, adopted key that the Node carries and another manager owns is
+// taken over before the apply by the one write that is not an apply: a
+// patch of metadata.managedFields alone, conditional on the
+// resourceVersion read, that drops every other manager's claim on the key
+// and gives it to nodeagent's apply entry, the value untouched, so the
+// label is never absent. The apply that follows sets nodeagent's value,
+// and from then on the key is nodeagent's alone: it leaves the Node when it
+// leaves the config. adopt.go says why it takes exactly these two writes.
 //
 // The default credentials are the k3s kubelet's kubeconfig, so the agent is
 // system:node:<name>: the Node authorizer and the NodeRestriction admission
@@ -25,6 +36,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -103,6 +115,10 @@ type Config struct {
 	Labels map[string]string
 	// Conditional labels are on the Node while their When holds.
 	Conditional []config.ConditionalLabel
+	// Adopt are the keys of Labels and Conditional that nodeagent takes
+	// over from another field manager (see adopt.go); any other key
+	// another manager owns with another value is a conflict left alone.
+	Adopt []string
 	// Hold is how long a condition must hold, or fail, before its label
 	// follows; it also spaces out annotation-only updates, so a flapping
 	// peer count does not write the Node on every sync.
@@ -143,6 +159,7 @@ func FromConfig(c *config.Config) (Config, error) {
 		}
 	}
 	kc.Conditional = append(kc.Conditional, k.ConditionalLabels...)
+	kc.Adopt = slices.Clone(k.AdoptLabels)
 	for _, w := range c.WireGuard {
 		if w.ListenPort != 0 && w.PIA == nil {
 			kc.WireGuardServers = append(kc.WireGuardServers, w.Name)

@@ -277,6 +277,7 @@ func TestFromConfig(t *testing.T) {
 		Kubernetes: config.Kubernetes{
 			Labels:            map[string]string{"homelab.example/vpn-ingress": "true"},
 			ConditionalLabels: []config.ConditionalLabel{{Key: gw, Value: "true", When: "wireguard/wg-pia/healthy"}},
+			AdoptLabels:       []string{"homelab.example/vpn-ingress"},
 			Hold:              time.Minute,
 		},
 	}
@@ -289,6 +290,7 @@ func TestFromConfig(t *testing.T) {
 		NodeName:         "n1",
 		Labels:           map[string]string{"homelab.example/vpn-ingress": "true"},
 		Conditional:      []config.ConditionalLabel{{Key: gw, Value: "true", When: "wireguard/wg-pia/healthy"}},
+		Adopt:            []string{"homelab.example/vpn-ingress"},
 		Hold:             time.Minute,
 		WireGuardServers: []string{"wg0"},
 	}

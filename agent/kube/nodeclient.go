@@ -13,16 +13,18 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// nodeClient is all the labeler asks of the API server: its own Node, and
-// a server-side apply of its labels and annotations to it.
+// nodeClient is all the labeler asks of the API server: its own Node, a
+// server-side apply of its labels and annotations to it, and, to adopt a
+// label, a patch of its managedFields.
 //
 // It is a REST client for the core group's Nodes with a scheme of the core
 // types alone, not client-go's clientset: the clientset's packages register
 // every API group at start-up (and the apply configurations parse their
 // schema), about 10 MiB of the daemon's resident memory for two requests
 // the labeler never makes. The requests are those the clientset's typed
-// client sends (GET /api/v1/nodes/NAME; PATCH of an apply patch with
-// fieldManager), and its errors are the same *errors.StatusError.
+// client sends (GET /api/v1/nodes/NAME; PATCH of an apply patch or a JSON
+// patch with fieldManager), and its errors are the same
+// *errors.StatusError.
 type nodeClient struct{ c rest.Interface }
 
 // nodeCodecs know the core group's types and the meta types (Status,
@@ -79,6 +81,33 @@ func (n *nodeClient) ApplyNode(ctx context.Context, name string, labels, annotat
 		return err
 	}
 	return n.c.Patch(types.ApplyPatchType).Resource("nodes").Name(name).
+		VersionedParams(&metav1.PatchOptions{FieldManager: FieldManager}, metav1.ParameterCodec).
+		Body(body).Do(ctx).Error()
+}
+
+// jsonPatchOp is one operation of a JSON patch (RFC 6902).
+type jsonPatchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+// SetManagedFields replaces the managedFields of Node name, and nothing
+// else, if its resourceVersion is still resourceVersion: the patch sets
+// it, so the server answers 409 Conflict for a Node changed since. (A
+// JSON patch "test" of it fails with a bare 422 instead, which cannot be
+// told from a patch the server finds invalid.) A non-apply write with
+// explicit managedFields is recorded as written; as it changes no other
+// field, no entry of its own is added.
+func (n *nodeClient) SetManagedFields(ctx context.Context, name, resourceVersion string, mf []metav1.ManagedFieldsEntry) error {
+	body, err := json.Marshal([]jsonPatchOp{
+		{Op: "replace", Path: "/metadata/resourceVersion", Value: resourceVersion},
+		{Op: "replace", Path: "/metadata/managedFields", Value: mf},
+	})
+	if err != nil {
+		return err
+	}
+	return n.c.Patch(types.JSONPatchType).Resource("nodes").Name(name).
 		VersionedParams(&metav1.PatchOptions{FieldManager: FieldManager}, metav1.ParameterCodec).
 		Body(body).Do(ctx).Error()
 }

@@ -183,8 +183,9 @@ type syncResult struct {
 	conflicts []string
 }
 
-// sync reads the Node, learns which labels nodeagent owns on it, and
-// applies the desired state, leaving out keys another manager owns.
+// sync reads the Node, learns which labels nodeagent owns on it, takes
+// over the adopted labels another manager owns, and applies the desired
+// state, leaving out the other keys another manager owns.
 func (l *Labeler) sync(ctx context.Context, cfg Config) (syncResult, error) {
 	c, err := l.clientFor(cfg)
 	if err != nil {
@@ -204,12 +205,27 @@ func (l *Labeler) sync(ctx context.Context, cfg Config) (syncResult, error) {
 	l.mu.Unlock()
 	want, _ := l.want(l.now(), cfg)
 
+	// Adopted labels become nodeagent's alone before the apply, so the
+	// apply sets their value without a conflict. A failed take-over does
+	// not hold back the rest: the apply still runs (the key conflicts or
+	// stays shared, as without adoption), then the sync fails into the
+	// backoff and the next one reads the Node and tries again.
+	var adoptErr error
+	if keys := takeovers(node, want.Labels, cfg.Adopt); len(keys) > 0 {
+		if err := l.adopt(ctx, c, node, keys); err != nil {
+			adoptErr = fmt.Errorf("adopt label %s on node %s: %w", strings.Join(keys, ", "), cfg.NodeName, err)
+		}
+	}
+
 	res := syncResult{want: want}
 	apply := desired{Labels: maps.Clone(want.Labels), Annotations: maps.Clone(want.Annotations)}
 	// Each retry drops the keys the server named; three rounds cover a
 	// second manager taking a key between two applies.
 	for range 3 {
 		err = c.ApplyNode(ctx, cfg.NodeName, apply.Labels, apply.Annotations)
+		if err == nil && adoptErr != nil {
+			return syncResult{}, adoptErr
+		}
 		if err == nil {
 			return res, nil
 		}
