@@ -796,11 +796,18 @@ func (b *builder) routeTables() []int {
 
 var tableNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
-// tableName is the config's name for table id, from rt_tables, or "".
+// tableName is the config's name for table id, from rt_tables, or "": a
+// name the config does not take, or one rt_tables gives more than one
+// table, is left out.
 func (b *builder) tableName(id int) string {
 	n := b.s.TableNames[id]
 	if n == "" || !tableNameRE.MatchString(n) || isDigits(n) || slices.Contains([]string{"unspec", "default", "main", "local"}, n) {
 		return ""
+	}
+	for other, m := range b.s.TableNames {
+		if m == n && other != id {
+			return ""
+		}
 	}
 	return n
 }
@@ -1031,6 +1038,11 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 		}
 	}
 	ks = n == 2
+	type key struct {
+		to     string
+		metric int
+	}
+	seen := map[key]bool{}
 	for _, r := range rs {
 		if ks && isKS(r) {
 			continue
@@ -1049,6 +1061,12 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 			continue
 		}
 		v6 := strings.Contains(r.To, ":")
+		k := key{r.To, r.Metric}
+		if seen[k] {
+			comments = append(comments, "# not imported: "+routeText(r)+"; the table has a route to it at this metric already, and the config holds one")
+			continue
+		}
+		seen[k] = true
 		to := r.To
 		if to == "0.0.0.0/0" {
 			to = "default"

@@ -3,6 +3,7 @@ package importer
 import (
 	"encoding/base64"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
@@ -51,10 +52,17 @@ func parseCommand(f []string, r *hookResult) bool {
 	case prog == "sysctl":
 		return parseSysctl(f[1:], r)
 	case prog == "echo" && len(f) == 4 && f[2] == ">" && strings.HasPrefix(f[3], "/proc/sys/net/"):
-		key := strings.ReplaceAll(strings.TrimPrefix(f[3], "/proc/sys/"), ".", "/")
-		r.sysctls = append(r.sysctls, [2]string{strings.ReplaceAll(key, "/", "."), f[1]})
-		// A '.' inside a segment cannot be told from a separator here; a
-		// link name with a dot is rare in such a line.
+		// The path's '/' separate segments; a '.' in one (a link's name)
+		// is written '/' in the config's key.
+		segs := strings.Split(strings.TrimPrefix(f[3], "/proc/sys/"), "/")
+		for i := range segs {
+			segs[i] = strings.ReplaceAll(segs[i], ".", "/")
+		}
+		key := strings.Join(segs, ".")
+		if !sysctlKeyRE.MatchString(key) {
+			return false
+		}
+		r.sysctls = append(r.sysctls, [2]string{key, f[1]})
 		return true
 	}
 	return false
@@ -191,6 +199,9 @@ func parseSysctl(f []string, r *hookResult) bool {
 			k = strings.ReplaceAll(strings.ReplaceAll(k, ".", "\x00"), "/", ".")
 			k = strings.ReplaceAll(k, "\x00", "/")
 		}
+		if !sysctlKeyRE.MatchString(k) || strings.TrimSpace(v) == "" {
+			return false
+		}
 		kv = append(kv, [2]string{k, v})
 	}
 	if len(kv) == 0 {
@@ -199,6 +210,9 @@ func parseSysctl(f []string, r *hookResult) bool {
 	r.sysctls = append(r.sysctls, kv...)
 	return true
 }
+
+// sysctlKeyRE is a key the config takes (config's checkSysctlKey).
+var sysctlKeyRE = regexp.MustCompile(`^net(\.[A-Za-z0-9_*/-]+)+$`)
 
 func isDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 

@@ -33,6 +33,8 @@ func TestParseHook(t *testing.T) {
 			hookResult{sysctls: [][2]string{{"net.ipv4.conf.enp1s0/50.rp_filter", "2"}}}},
 		{"echo 1 > /proc/sys/net/ipv4/ip_forward",
 			hookResult{sysctls: [][2]string{{"net.ipv4.ip_forward", "1"}}}},
+		{"echo 2 > /proc/sys/net/ipv4/conf/enp1s0.50/rp_filter",
+			hookResult{sysctls: [][2]string{{"net.ipv4.conf.enp1s0/50.rp_filter", "2"}}}},
 		{"sysctl -w kernel.panic=10", hookResult{other: []string{"sysctl -w kernel.panic=10"}}},
 		{"ip route add 10.0.0.0/8 dev wg0", hookResult{other: []string{"ip route add 10.0.0.0/8 dev wg0"}}},
 	} {
@@ -118,5 +120,32 @@ func TestBuildOnlyUnknown(t *testing.T) {
 	}
 	if _, err := Build(s, Options{Root: "etc/nodeagent"}); err == nil {
 		t.Error("a relative root was taken")
+	}
+}
+
+// TestBuildOddKernel: what the kernel may hold but the config cannot (two
+// tables of one name in rt_tables, two routes to one prefix at one metric)
+// still gives a config that validates, with comments.
+func TestBuildOddKernel(t *testing.T) {
+	s := Snapshot{
+		Links:      []Link{{Name: "eth0", MTU: 1500, Up: true}},
+		TableNames: map[int]string{100: "vpn", 101: "vpn"},
+		Rules:      []Rule{{Priority: 10, Family: "inet", From: "10.0.0.0/8", Table: 101, Action: "table"}},
+		Routes: []Route{
+			{Table: 100, To: "0.0.0.0/0", Via: "192.0.2.1", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4},
+			{Table: 100, To: "0.0.0.0/0", Via: "192.0.2.2", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4},
+		},
+	}
+	r, err := Build(s, Options{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, r.Config)
+	}
+	for _, want := range []string{"- id: 100\n", "- id: 101\n", "table: 101", "# not imported: default via 192.0.2.2 dev eth0 proto static; the table has a route"} {
+		if !strings.Contains(string(r.Config), want) {
+			t.Errorf("config lacks %q:\n%s", want, r.Config)
+		}
+	}
+	if strings.Contains(string(r.Config), "name: vpn") {
+		t.Errorf("a name two tables share was given to one:\n%s", r.Config)
 	}
 }
