@@ -58,6 +58,9 @@ type Result struct {
 	Notes []string
 }
 
+// maxProblemNotes bounds the notes listing what could not be read.
+const maxProblemNotes = 20
+
 // reservedTableNames are the tables every kernel has.
 var reservedTableNames = map[int]string{253: "default", 254: "main", 255: "local"}
 
@@ -173,7 +176,11 @@ func Build(s Snapshot, o Options) (Result, error) {
 		b.notes = append(b.notes, "nothing found to import: no VLAN, macvlan or WireGuard device, no rule or table of its own, no sysctl off its default")
 	}
 	slices.SortFunc(b.files, func(x, y File) int { return strings.Compare(x.Path, y.Path) })
-	for _, p := range s.Problems {
+	for i, p := range s.Problems {
+		if i == maxProblemNotes {
+			b.notes = append(b.notes, fmt.Sprintf("not read: %d more, not listed", len(s.Problems)-i))
+			break
+		}
 		b.notes = append(b.notes, "not read: "+p)
 	}
 	return Result{Config: cfg, Files: b.files, Steps: b.steps(), Notes: b.notes}, nil
