@@ -998,8 +998,11 @@ func (b *builder) buildTables() []string {
 		}
 		routes, comments, ks := b.tableRoutes(id)
 		if ks {
-			lines = append(lines, "  # unreachable default routes (IPv4 and IPv6) at metric 4294967295: nodeagent's kill switch")
-			lines = append(lines, "  killSwitch: true")
+			// killSwitch: true makes the same two routes but takes no
+			// adopt: routes the old way made would be conflicts left
+			// alone.
+			lines = append(lines, "  # the two unreachable defaults at metric 4294967295 are what killSwitch: true makes;")
+			lines = append(lines, "  # they are listed as routes so that they are adopted")
 		}
 		for _, c := range comments {
 			lines = append(lines, "  "+c)
@@ -1024,7 +1027,7 @@ func sortedInts(m map[int]bool) []int {
 }
 
 // tableRoutes renders table id's routes; ks reports the kill switch's
-// pair of unreachable defaults, which are left out of routes.
+// pair of unreachable defaults (IPv4 and IPv6 at the highest metric).
 func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 	var rs []Route
 	for _, r := range b.s.Routes {
@@ -1051,9 +1054,6 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 	}
 	seen := map[key]bool{}
 	for _, r := range rs {
-		if ks && isKS(r) {
-			continue
-		}
 		switch {
 		case r.Protocol == protoKernel:
 			continue

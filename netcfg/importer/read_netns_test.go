@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
@@ -83,8 +85,11 @@ routing:
         - {to: 10.10.51.0/24, dev: shim50, src: 10.10.50.2, adopt: true}
         - {to: "::/0", via: fd00:50::fe, dev: shim50, adopt: true}
     - id: 151
-      # unreachable default routes (IPv4 and IPv6) at metric 4294967295: nodeagent's kill switch
-      killSwitch: true
+      # the two unreachable defaults at metric 4294967295 are what killSwitch: true makes;
+      # they are listed as routes so that they are adopted
+      routes:
+        - {to: default, metric: 4294967295, type: unreachable, adopt: true}
+        - {to: "::/0", metric: 4294967295, type: unreachable, adopt: true}
   rules:
     - {priority: 100, from: 10.10.50.0/24, table: vpn, adopt: true}
     - {priority: 101, from: fd00:50::/64, table: vpn, adopt: true}
@@ -130,5 +135,96 @@ func writeFile(t *testing.T, path, data string) {
 	}
 	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTakeOverNetNS is the switch-over on a real kernel: what ip(8) made is
+// imported, nodeagent's plan for the imported config is adoptions only,
+// a sync carries them out and leaves nothing to do, and importing again
+// (nodeagent's rt_tables.d entry now naming the tables) prints the same
+// config: the fixed point.
+func TestTakeOverNetNS(t *testing.T) {
+	node := testenv.NewNetNS(t)
+	far := testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", far, "up0")
+	for _, c := range [][]string{
+		{"ip", "link", "add", "shim50", "link", "trunk0", "type", "macvlan", "mode", "private"},
+		{"ip", "link", "set", "shim50", "up"},
+		{"ip", "addr", "add", "10.10.50.2/24", "dev", "shim50"},
+		{"ip", "rule", "add", "from", "10.10.50.0/24", "lookup", "150", "pref", "100"},
+		{"ip", "-6", "rule", "add", "from", "fd00:50::/64", "lookup", "150", "pref", "101"},
+		{"ip", "rule", "add", "iif", "shim50", "lookup", "main", "suppress_prefixlength", "0", "pref", "90"},
+		{"ip", "-6", "rule", "add", "iif", "shim50", "lookup", "main", "suppress_prefixlength", "0", "pref", "90"},
+		{"ip", "route", "add", "default", "via", "10.10.50.254", "dev", "shim50", "table", "150"},
+		{"ip", "route", "add", "unreachable", "default", "metric", "4000", "table", "150"},
+		{"ip", "route", "add", "unreachable", "default", "metric", "4294967295", "table", "151"},
+		{"ip", "-6", "route", "add", "unreachable", "default", "metric", "4294967295", "table", "151"},
+		{"ip", "rule", "add", "fwmark", "0x10", "lookup", "151", "pref", "200"},
+		{"ip", "-6", "rule", "add", "fwmark", "0x10", "lookup", "151", "pref", "200"},
+	} {
+		node.Exec(t, c...)
+	}
+	etc := t.TempDir()
+	writeFile(t, filepath.Join(etc, "iproute2", "rt_tables"), "255\tlocal\n254\tmain\n253\tdefault\n150\tvpn\n")
+	tablesFile := filepath.Join(etc, "iproute2", "rt_tables.d", "nodeagent.conf")
+	os.MkdirAll(filepath.Dir(tablesFile), 0o755)
+
+	ctx := context.Background()
+	s, err := Read(ctx, node.Host, ReadOptions{Etc: etc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	first, err := Build(s, Options{Root: root})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, first.Config)
+	}
+	if err := WriteOut(root, first); err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Load(filepath.Join(root, ConfigName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := netcfg.FromConfig(c, tablesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cv := &netcfg.Converger{Host: node.Host}
+	defer cv.Close()
+	p, err := cv.Plan(ctx, d)
+	if err != nil {
+		t.Fatalf("plan: %v\n%s", err, p)
+	}
+	// The rt_tables.d entry is nodeagent's own file, written, not adopted.
+	var report plan.Report
+	for _, e := range p.Report() {
+		if !strings.Contains(e.Text, "rt_tables") {
+			report = append(report, e)
+		}
+	}
+	if !report.OnlyAdoptions() {
+		t.Errorf("the plan for the imported config is not adoptions only:\n%s\nconfig:\n%s", p, first.Config)
+	}
+	if _, err := cv.Sync(ctx, d); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if p, err := cv.Plan(ctx, d); err != nil || !p.Empty() {
+		t.Errorf("after the sync: %v\n%s", err, p)
+	}
+	if out := node.Exec(t, "ip", "rule", "show", "pref", "100"); !strings.Contains(out, "proto 147") {
+		t.Errorf("rule 100 is not nodeagent's after the sync: %s", out)
+	}
+
+	s, err = Read(ctx, node.Host, ReadOptions{Etc: etc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Build(s, Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(strings.Split(string(first.Config), "\n"), strings.Split(string(again.Config), "\n")); diff != "" {
+		t.Errorf("importing after the take-over differs (-first +again):\n%s", diff)
 	}
 }
