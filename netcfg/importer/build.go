@@ -262,6 +262,9 @@ func (b *builder) selectOnly() error {
 			known[l.Name] = true
 		}
 	}
+	for _, d := range b.s.WireGuard {
+		known[d.Name] = true
+	}
 	for _, w := range b.s.WGQuick {
 		known[w.Name] = true
 	}
@@ -439,7 +442,7 @@ func (b *builder) buildWireGuard() []string {
 	}
 	names := map[string]bool{}
 	for _, l := range b.links {
-		if l.Kind == "wireguard" {
+		if l.Kind == "wireguard" || (l.Kind == "tun" && devs[l.Name].Name != "") {
 			names[l.Name] = true
 		}
 	}
@@ -459,9 +462,16 @@ func (b *builder) buildWireGuard() []string {
 func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
 	wq, hasFile := b.wgq[name]
 	link, inKernel := b.links[name]
-	inKernel = inKernel && link.Kind == "wireguard"
 	dev, read := devs[name]
+	userspace := inKernel && link.Kind == "tun" && read
+	inKernel = inKernel && (link.Kind == "wireguard" || userspace)
 	var pre []string // comments before the entry's fields
+	if userspace {
+		pre = append(pre,
+			fmt.Sprintf("# %s is a userspace device (over TUN: wireguard-go or the like), adopted while", name),
+			"# that process runs; once it is gone (after the reboot) nodeagent makes the device",
+			"# itself (implementation auto: the kernel's if it has WireGuard, else its own userspace one)")
+	}
 	var peers []WGPeer
 	var addrs []string
 	var addrComments []string

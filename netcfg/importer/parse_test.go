@@ -149,3 +149,26 @@ func TestBuildOddKernel(t *testing.T) {
 		t.Errorf("a name two tables share was given to one:\n%s", r.Config)
 	}
 }
+
+// TestBuildUserspace: a tun link that wgctrl read as a WireGuard device
+// (wireguard-go's) is imported and adopted, with a comment; a tun that is
+// not WireGuard is left alone.
+func TestBuildUserspace(t *testing.T) {
+	s := Snapshot{
+		Links: []Link{{Name: "wg0", Kind: "tun", MTU: 1420, Up: true, Addresses: []Addr{{Prefix: "10.90.0.1/24", Scope: "global"}}},
+			{Name: "tun9", Kind: "tun", MTU: 1500}},
+		WireGuard: []WGDevice{{Name: "wg0", PrivateKey: "kiqhO9HXRnqm4eSI6Icv+qbnnfGAUvevh3txSPGsohI=", ListenPort: 51820}},
+	}
+	r, err := Build(s, Options{Only: []string{"wg0"}})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, r.Config)
+	}
+	for _, want := range []string{"- name: wg0\n", "# wg0 is a userspace device", "listenPort: 51820", "addresses: [10.90.0.1/24]", "adopt: true"} {
+		if !strings.Contains(string(r.Config), want) {
+			t.Errorf("config lacks %q:\n%s", want, r.Config)
+		}
+	}
+	if strings.Contains(string(r.Config), "tun9") {
+		t.Errorf("tun9 was imported:\n%s", r.Config)
+	}
+}

@@ -130,7 +130,9 @@ func readKernel(ctx context.Context, h *host.Host, o ReadOptions, s *Snapshot) e
 
 	var wgNames []string
 	for _, l := range s.Links {
-		if l.Kind == "wireguard" {
+		// A tun link may be a userspace device (wireguard-go), which
+		// wgctrl reads through its UAPI socket.
+		if l.Kind == "wireguard" || l.Kind == "tun" {
 			wgNames = append(wgNames, l.Name)
 		}
 	}
@@ -239,8 +241,13 @@ func routeOf(fam int, r netlink.Route, names map[int]string) Route {
 	return out
 }
 
-// readWireGuard reads the named devices with wgctrl inside h's namespace.
+// readWireGuard reads the named devices with wgctrl inside h's namespace:
+// kernel devices, and tun links that answer as userspace devices.
 func readWireGuard(h *host.Host, names []string, s *Snapshot) {
+	kinds := map[string]string{}
+	for _, l := range s.Links {
+		kinds[l.Name] = l.Kind
+	}
 	err := h.Do(func() error {
 		c, err := wgctrl.New()
 		if err != nil {
@@ -250,8 +257,11 @@ func readWireGuard(h *host.Host, names []string, s *Snapshot) {
 		for _, n := range names {
 			d, err := c.Device(n)
 			if err != nil {
-				if errors.Is(err, os.ErrPermission) {
+				if errors.Is(err, os.ErrPermission) && kinds[n] == "wireguard" {
 					return err
+				}
+				if kinds[n] == "tun" {
+					continue // not WireGuard, or not ours to read
 				}
 				s.Problems = append(s.Problems, fmt.Sprintf("WireGuard device %s: %v", n, err))
 				continue
