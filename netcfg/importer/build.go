@@ -87,7 +87,6 @@ type builder struct {
 	sysctlWhy map[string]string
 	masq      []masquerade
 	forward   []forward
-	fwFrom    []string
 	// used are the links the config names, for the units to disable.
 	used       map[string]bool
 	wgUnits    []string
@@ -722,11 +721,11 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 		}
 		for _, m := range r.masq {
 			add("%s masquerades %s out %s: see firewall.masquerade at the end", h.When, m.from, m.out)
-			b.addMasq(m, name)
+			b.addMasq(m)
 		}
 		for _, f := range r.forward {
 			add("%s accepts forwarding in %s out %s: see firewall.forward at the end", h.When, f.in, f.out)
-			b.addForward(f, name)
+			b.addForward(f)
 		}
 		for _, kv := range r.sysctls {
 			if _, ok := b.sysctls[kv[0]]; !ok && b.selected("sysctls", name) {
@@ -756,14 +755,13 @@ func fullTunnel(peers []WGPeer) bool {
 	return false
 }
 
-func (b *builder) addMasq(m masquerade, dev string) {
+func (b *builder) addMasq(m masquerade) {
 	if !slices.Contains(b.masq, m) {
 		b.masq = append(b.masq, m)
-		b.fwFrom = append(b.fwFrom, dev)
 	}
 }
 
-func (b *builder) addForward(f forward, dev string) {
+func (b *builder) addForward(f forward) {
 	if !slices.Contains(b.forward, f) {
 		b.forward = append(b.forward, f)
 	}
@@ -846,8 +844,9 @@ func (b *builder) buildRules() []string {
 	})
 	var lines []string
 	prios := map[int]Rule{}
+	// same: the IPv6 twin of a rule without from and to, which the
+	// config's one rule makes for both families.
 	same := func(x, y Rule) bool {
-		x.Family, y.Family, x.Protocol, y.Protocol = "", "", 0, 0
 		return x.Priority == y.Priority && x.From == "" && y.From == "" && x.To == "" && y.To == "" &&
 			fmt.Sprint(x.IIF, x.OIF, x.FwMark, x.Table, x.Action, x.Invert, ptrInt(x.SuppressPrefixLength)) ==
 				fmt.Sprint(y.IIF, y.OIF, y.FwMark, y.Table, y.Action, y.Invert, ptrInt(y.SuppressPrefixLength))
