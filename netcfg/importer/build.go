@@ -879,6 +879,10 @@ func (b *builder) buildRules() []string {
 			lines = append(lines, fmt.Sprintf("# not imported: %s; nodeagent makes no %s rules", ruleText(r), action))
 			continue
 		}
+		if action == "table" && r.Table == 0 {
+			lines = append(lines, fmt.Sprintf("# not imported: %s; a rule that names no table (l3mdev's, say) is not one nodeagent makes", ruleText(r)))
+			continue
+		}
 		prios[r.Priority] = r
 		var c []string
 		if r.From == "" && r.To == "" && len(families[r.Priority]) == 1 {
