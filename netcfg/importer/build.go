@@ -368,6 +368,7 @@ func (b *builder) parentComment(parent string) string {
 }
 
 func (b *builder) buildLinks() (vlans, macvlans []string) {
+	vlanIDs := map[string]string{}
 	for _, l := range sortedLinks(b.links) {
 		if (l.Kind != "vlan" && l.Kind != "macvlan") || !b.selected(l.Name) {
 			continue
@@ -377,7 +378,7 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 			macvlans = append(macvlans, fmt.Sprintf("# macvlan %s not imported: mode %q is not one nodeagent makes", l.Name, l.MacvlanMode))
 			continue
 		}
-		if l.Parent == "" {
+		if l.Parent == "" || l.Parent == l.Name {
 			lines = append(lines, fmt.Sprintf("# %s %s not imported: its parent is in another namespace or unknown", l.Kind, l.Name))
 			if l.Kind == "vlan" {
 				vlans = append(vlans, lines...)
@@ -385,6 +386,14 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 				macvlans = append(macvlans, lines...)
 			}
 			continue
+		}
+		if l.Kind == "vlan" {
+			k := fmt.Sprintf("%s/%d", l.Parent, l.VLANID)
+			if first, dup := vlanIDs[k]; dup {
+				vlans = append(vlans, fmt.Sprintf("# vlan %s not imported: VLAN %d on %s is %s's", l.Name, l.VLANID, l.Parent, first))
+				continue
+			}
+			vlanIDs[k] = l.Name
 		}
 		b.used[l.Name] = true
 		lines = append(lines, "- name: "+scalar(l.Name))
@@ -397,7 +406,11 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 		} else {
 			lines = append(lines, "  mode: "+l.MacvlanMode)
 		}
-		if p, ok := b.links[l.Parent]; l.MTU != 0 && (!ok || p.MTU != l.MTU) {
+		switch p, ok := b.links[l.Parent]; {
+		case l.MTU == 0 || ok && p.MTU == l.MTU:
+		case ok && p.MTU != 0 && l.MTU > p.MTU:
+			lines = append(lines, fmt.Sprintf("  # mtu %d not imported: above the parent's %d, which the kernel does not allow", l.MTU, p.MTU))
+		default:
 			lines = append(lines, fmt.Sprintf("  mtu: %d", l.MTU))
 		}
 		if !l.Up {
@@ -1081,6 +1094,9 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 			continue
 		}
 		v6 := strings.Contains(r.To, ":")
+		if v6 && r.Metric == 0 {
+			r.Metric = 1024 // the kernel's IPv6 default, and the config's
+		}
 		k := key{r.To, r.Metric}
 		if seen[k] {
 			comments = append(comments, "# not imported: "+routeText(r)+"; the table has a route to it at this metric already, and the config holds one")
