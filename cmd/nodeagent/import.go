@@ -138,6 +138,9 @@ func runImport(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "  - %s\n", n)
 		}
 	}
+	if len(r.Steps) == 0 {
+		return 0
+	}
 	fmt.Fprintln(stdout, "\nsteps (as root, in order; read the config's comments first):")
 	for i, st := range r.Steps {
 		fmt.Fprintf(stdout, "  %d. %s\n", i+1, st)

@@ -46,6 +46,18 @@ func TestImportWrites(t *testing.T) {
 	etc := t.TempDir()
 	os.MkdirAll(filepath.Join(etc, "iproute2"), 0o755)
 	os.WriteFile(filepath.Join(etc, "iproute2", "rt_tables"), []byte("254\tmain\n"), 0o644)
+	// A wg-quick device that is down is imported from its file alone, so
+	// there is something to write whatever this namespace holds.
+	os.MkdirAll(filepath.Join(etc, "wireguard"), 0o700)
+	os.WriteFile(filepath.Join(etc, "wireguard", "natest9.conf"), []byte(`[Interface]
+PrivateKey = kiqhO9HXRnqm4eSI6Icv+qbnnfGAUvevh3txSPGsohI=
+Address = 10.249.0.1/24
+
+# laptop
+[Peer]
+PublicKey = 5RC/XR+nUsU+g0VRAVqGqE2OZGMvrxzhCF3foL+uj9o=
+AllowedIPs = 10.249.0.2/32
+`), 0o600)
 	dir := filepath.Join(t.TempDir(), "out")
 	var out, errb bytes.Buffer
 	if code := run([]string{"import", "--out", dir, "--etc", etc, "--root", "/srv/na"}, &out, &errb); code != 0 {
@@ -66,6 +78,18 @@ func TestImportWrites(t *testing.T) {
 	}
 	if _, err := config.Load(cfg); err != nil {
 		t.Errorf("the config does not validate: %v", err)
+	}
+	for _, f := range []struct {
+		path string
+		mode os.FileMode
+	}{{"keys", 0o700 | os.ModeDir}, {"keys/natest9.key", 0o600}, {"peers/natest9", 0o700 | os.ModeDir}, {"peers/natest9/laptop.conf", 0o644}} {
+		st, err := os.Lstat(filepath.Join(dir, f.path))
+		if err != nil || st.Mode() != f.mode {
+			t.Errorf("%s: %v, mode %v, want %v", f.path, err, st.Mode(), f.mode)
+		}
+	}
+	if b, _ := os.ReadFile(cfg); !strings.Contains(string(b), "privateKeyFile: /srv/na/keys/natest9.key") {
+		t.Errorf("the config does not name the key under --root:\n%s", b)
 	}
 	out.Reset()
 	errb.Reset()

@@ -51,7 +51,8 @@ type Result struct {
 	Config []byte
 	// Files are the key and peer files the config names, sorted by path.
 	Files []File
-	// Steps are the switch-over, one shell line or instruction each.
+	// Steps are the switch-over, one shell line or instruction each;
+	// none when nothing was found to import.
 	Steps []string
 	// Notes are what the operator should know: what was not imported or
 	// could not be read.
@@ -171,7 +172,8 @@ func Build(s Snapshot, o Options) (Result, error) {
 	if _, err := config.ParseWith(path.Join(o.Root, "nodeagent.yaml"), cfg, config.Options{SkipFileChecks: true}); err != nil {
 		return Result{Config: cfg}, fmt.Errorf("the imported config does not validate (a bug in nodeagent import; the config is shown for the report):\n%w", err)
 	}
-	if len(vlans)+len(macvlans)+len(wgs)+len(tables)+len(rules)+len(b.sysctls) == 0 {
+	nothing := len(vlans)+len(macvlans)+len(wgs)+len(tables)+len(rules)+len(b.sysctls) == 0
+	if nothing {
 		b.notes = append(b.notes, "nothing found to import: no VLAN, macvlan or WireGuard device, no rule or table of its own, no sysctl off its default")
 	}
 	slices.SortFunc(b.files, func(x, y File) int { return strings.Compare(x.Path, y.Path) })
@@ -182,7 +184,11 @@ func Build(s Snapshot, o Options) (Result, error) {
 		}
 		b.notes = append(b.notes, "not read: "+p)
 	}
-	return Result{Config: cfg, Files: b.files, Steps: b.steps(), Notes: b.notes}, nil
+	var steps []string
+	if !nothing {
+		steps = b.steps()
+	}
+	return Result{Config: cfg, Files: b.files, Steps: steps, Notes: b.notes}, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
