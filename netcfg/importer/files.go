@@ -29,13 +29,13 @@ const maxDirEntries = 10000
 func ReadFiles(etc string, s *Snapshot) {
 	names := map[int]string{}
 	readTables(filepath.Join(etc, "iproute2", "rt_tables"), names, s)
-	for _, f := range listDir(filepath.Join(etc, "iproute2", "rt_tables.d"), ".conf", s) {
+	for _, f := range listDir(filepath.Join(etc, "iproute2", "rt_tables.d"), ".conf", s, true) {
 		readTables(f, names, s)
 	}
 	if len(names) > 0 {
 		s.TableNames = names
 	}
-	for _, f := range listDir(filepath.Join(etc, "wireguard"), ".conf", s) {
+	for _, f := range listDir(filepath.Join(etc, "wireguard"), ".conf", s, true) {
 		data, err := fsafe.ReadFile(f, fileRules)
 		if err != nil {
 			s.Problems = append(s.Problems, problem(err))
@@ -56,7 +56,7 @@ func ReadFiles(etc string, s *Snapshot) {
 			}
 		}
 	}
-	for _, f := range listDir(filepath.Join(etc, "systemd", "system"), ".service", s) {
+	for _, f := range listDir(filepath.Join(etc, "systemd", "system"), ".service", s, false) {
 		data, err := fsafe.ReadFile(f, fileRules)
 		if err != nil {
 			s.Problems = append(s.Problems, problem(err))
@@ -101,8 +101,9 @@ func readDirNames(dir string, s *Snapshot) []string {
 }
 
 // listDir returns the paths of dir's regular files (not links) ending in
-// ext, sorted by name, dotfiles left out.
-func listDir(dir, ext string, s *Snapshot) []string {
+// ext, sorted by name, dotfiles left out; with sayLinks, a link ending in
+// ext is named in s.Problems.
+func listDir(dir, ext string, s *Snapshot, sayLinks bool) []string {
 	d, err := fsafe.OpenDir(dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -119,7 +120,13 @@ func listDir(dir, ext string, s *Snapshot) []string {
 	var out []string
 	for _, e := range entries {
 		n := e.Name()
-		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ext) || !e.Type().IsRegular() {
+		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ext) {
+			continue
+		}
+		if !e.Type().IsRegular() {
+			if sayLinks && e.Type()&fs.ModeSymlink != 0 {
+				s.Problems = append(s.Problems, filepath.Join(dir, n)+" is a symbolic link, which is not followed; import from a copy (--etc)")
+			}
 			continue
 		}
 		if len(out) == maxDirEntries {
