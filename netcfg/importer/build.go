@@ -89,10 +89,9 @@ type builder struct {
 	masq      []masquerade
 	forward   []forward
 	// used are the links the config names, for the units to disable.
-	used       map[string]bool
-	wgUnits    []string
-	tables     map[int]bool
-	tableNames map[int]string
+	used    map[string]bool
+	wgUnits []string
+	tables  map[int]bool
 }
 
 // Build turns a Snapshot into a config that adopts what the node has. It
@@ -111,8 +110,7 @@ func Build(s Snapshot, o Options) (Result, error) {
 		o.Out = "OUT"
 	}
 	b := &builder{s: s, o: o, links: map[string]Link{}, wgq: map[string]WGQuickFile{}, addrs: map[netip.Addr]string{},
-		sysctls: map[string]string{}, sysctlWhy: map[string]string{}, used: map[string]bool{}, tables: map[int]bool{},
-		tableNames: map[int]string{}}
+		sysctls: map[string]string{}, sysctlWhy: map[string]string{}, used: map[string]bool{}, tables: map[int]bool{}}
 	for _, l := range s.Links {
 		if l.Group == host.CreatingGroup || l.Group == host.StagingGroup {
 			// nodeagent's own link between its creation and its mark, or
@@ -170,7 +168,7 @@ func Build(s Snapshot, o Options) (Result, error) {
 
 	cfg := []byte(out.String())
 	if _, err := config.ParseWith(path.Join(o.Root, "nodeagent.yaml"), cfg, config.Options{SkipFileChecks: true}); err != nil {
-		return Result{Config: cfg}, fmt.Errorf("the imported config does not validate (a bug in nodeagent import; the config is shown for the report):\n%w", err)
+		return Result{Config: cfg}, fmt.Errorf("the imported config does not validate, a bug in nodeagent import (please report it with these lines):\n%w", err)
 	}
 	nothing := len(vlans)+len(macvlans)+len(wgs)+len(tables)+len(rules)+len(b.sysctls) == 0
 	if nothing {
