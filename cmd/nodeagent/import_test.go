@@ -63,7 +63,7 @@ AllowedIPs = 10.249.0.2/32
 	if code := run([]string{"import", "--out", dir, "--etc", etc, "--root", "/srv/na"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out.String(), errb.String())
 	}
-	for _, want := range []string{"wrote " + filepath.Join(dir, "nodeagent.yaml"), "steps (as root, in order", "cp -a " + dir + "/. /srv/na/"} {
+	for _, want := range []string{"wrote " + filepath.Join(dir, "nodeagent.yaml"), "steps (as root, in order", "cp -a " + dir + "/* /srv/na/"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out.String())
 		}

@@ -736,12 +736,16 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 			}
 			continue
 		}
+		if len(r.masq)+len(r.forward) > 0 {
+			// The line itself, so the operator can find it in the file.
+			add("%s = %s", h.When, redact(cmd))
+		}
 		for _, m := range r.masq {
-			add("%s masquerades %s out %s: see firewall.masquerade at the end", h.When, m.from, m.out)
+			add("  masquerades %s out %s: see firewall.masquerade at the end", m.from, m.out)
 			b.addMasq(m)
 		}
 		for _, f := range r.forward {
-			add("%s accepts forwarding in %s out %s: see firewall.forward at the end", h.When, f.in, f.out)
+			add("  accepts forwarding in %s out %s: see firewall.forward at the end", f.in, f.out)
 			b.addForward(f)
 		}
 		for _, kv := range r.sysctls {
@@ -1222,7 +1226,7 @@ func (b *builder) buildSysctls() {
 func (b *builder) steps() []string {
 	root := b.o.Root
 	st := []string{
-		fmt.Sprintf("install -d -m 0755 %s && cp -a %s/. %s/   # as root: keys stay 0600, key directories 0700", root, b.o.Out, root),
+		fmt.Sprintf("install -d -m 0755 %s && cp -a %s/* %s/   # as root: keys stay 0600, key directories 0700", root, b.o.Out, root),
 		"nodeagent validate",
 		"nodeagent plan   # expect only adoptions (~ ... adopt), nothing added or removed",
 	}
