@@ -906,8 +906,15 @@ func (b *builder) buildRules() []string {
 		}
 		prios[r.Priority] = r
 		var c []string
-		if r.From == "" && r.To == "" && len(families[r.Priority]) == 1 {
-			c = append(c, fmt.Sprintf("# the kernel has this rule for %s only; without from and to nodeagent makes it for IPv4 and IPv6", map[string]string{"inet": "IPv4", "inet6": "IPv6"}[r.Family]))
+		if r.From == "" && r.To == "" {
+			// The same words whatever the kernel has, so that importing
+			// again once nodeagent made the other family's twin prints
+			// the same config (a fixed point); what the kernel has now
+			// is a note.
+			c = append(c, "# without from and to, nodeagent makes this rule for IPv4 and IPv6")
+			if len(families[r.Priority]) == 1 {
+				b.notes = append(b.notes, fmt.Sprintf("rule %d: the kernel has it for %s only; nodeagent will add the other family's twin (give from or to to keep it to one family)", r.Priority, map[string]string{"inet": "IPv4", "inet6": "IPv6"}[r.Family]))
+			}
 		}
 		kv := []string{"priority", strconv.Itoa(r.Priority), "from", opt(r.From), "to", opt(r.To),
 			"iif", opt(r.IIF), "oif", opt(r.OIF), "fwMark", opt(r.FwMark)}
