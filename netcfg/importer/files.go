@@ -74,8 +74,9 @@ func problem(err error) string {
 	return strings.ReplaceAll(err.Error(), "\n", " ")
 }
 
-// readDirNames lists dir's entry names, sorted; a missing dir is empty.
-func readDirNames(dir string, s *Snapshot) []string {
+// dirEntries lists dir's entries, sorted; a missing dir is empty, and
+// any other failure is a problem of s.
+func dirEntries(dir string, s *Snapshot) []fs.DirEntry {
 	d, err := fsafe.OpenDir(dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -89,6 +90,12 @@ func readDirNames(dir string, s *Snapshot) []string {
 		s.Problems = append(s.Problems, fmt.Sprintf("%s: cannot list: %v", dir, err))
 		return nil
 	}
+	return entries
+}
+
+// readDirNames lists dir's entry names, sorted; a missing dir is empty.
+func readDirNames(dir string, s *Snapshot) []string {
+	entries := dirEntries(dir, s)
 	var out []string
 	for _, e := range entries {
 		if len(out) == maxDirEntries {
@@ -104,19 +111,7 @@ func readDirNames(dir string, s *Snapshot) []string {
 // ext, sorted by name, dotfiles left out; with sayLinks, a link ending in
 // ext is named in s.Problems.
 func listDir(dir, ext string, s *Snapshot, sayLinks bool) []string {
-	d, err := fsafe.OpenDir(dir)
-	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			s.Problems = append(s.Problems, problem(err))
-		}
-		return nil
-	}
-	defer d.Close()
-	entries, err := d.ReadDir()
-	if err != nil {
-		s.Problems = append(s.Problems, fmt.Sprintf("%s: cannot list: %v", dir, err))
-		return nil
-	}
+	entries := dirEntries(dir, s)
 	var out []string
 	for _, e := range entries {
 		n := e.Name()
