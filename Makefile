@@ -20,7 +20,7 @@ LOGDIR  := .cache/test
 # with a real 8021q VLAN there (pods attached by Debian's macvlan CNI plugin).
 # Each package's tests get 20 minutes in the VM: under TCG the agent's take
 # about ten (every drift repair, PIA and safe-apply test with a real daemon).
-VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./agent
+VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./netcfg/importer ./agent
 VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart|TestSameNodePods
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 

@@ -111,6 +111,13 @@ func readKernel(ctx context.Context, h *host.Host, o ReadOptions, s *Snapshot) e
 		return err
 	}
 	for _, r := range rules {
+		// The dump has every family's rules: the multicast routing
+		// families' (RTNL_FAMILY_IPMR, IP6MR; Debian's kernel has them
+		// built in) have defaults of their own at 0x7fff, which are not
+		// the config's.
+		if r.Family != unix.AF_INET && r.Family != unix.AF_INET6 {
+			continue
+		}
 		s.Rules = append(s.Rules, ruleOf(r))
 	}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
