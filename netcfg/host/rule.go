@@ -70,7 +70,58 @@ func parseRule(m []byte) (netlink.Rule, error) {
 			r.SuppressPrefixlen = int(int32(native.Uint32(v)))
 		case nl.FRA_PROTOCOL:
 			r.Protocol = v[0]
+		// The selectors nodeagent's rules do not have are read so that
+		// such a rule is never taken for one of the config's: see
+		// RuleExtraSelectors.
+		case nl.FRA_GOTO:
+			r.Goto = int(native.Uint32(v))
+		case nl.FRA_FLOW:
+			r.Flow = int(native.Uint32(v))
+		case nl.FRA_TUN_ID:
+			if len(v) >= 8 {
+				r.TunID = uint(native.Uint64(v))
+			}
+		case nl.FRA_SUPPRESS_IFGROUP:
+			r.SuppressIfgroup = int(int32(native.Uint32(v)))
+		case nl.FRA_IP_PROTO:
+			r.IPProto = int(v[0])
+		case nl.FRA_SPORT_RANGE:
+			if len(v) >= 4 {
+				r.Sport = netlink.NewRulePortRange(native.Uint16(v), native.Uint16(v[2:]))
+			}
+		case nl.FRA_DPORT_RANGE:
+			if len(v) >= 4 {
+				r.Dport = netlink.NewRulePortRange(native.Uint16(v), native.Uint16(v[2:]))
+			}
+		case nl.FRA_UID_RANGE:
+			if len(v) >= 8 {
+				r.UIDRange = netlink.NewRuleUIDRange(native.Uint32(v), native.Uint32(v[4:]))
+			}
 		}
 	}
 	return r, nil
+}
+
+// RuleExtraSelectors names the selectors of r that nodeagent's rules do
+// not have (tos, uidrange, ipproto, ports, tun_id, realms,
+// suppress_ifgroup, a goto): a rule with any of them is never the config's
+// rule, though it looks like one without them, and a rule delete built
+// from the config's fields would match it too.
+func RuleExtraSelectors(r netlink.Rule) []string {
+	var out []string
+	add := func(ok bool, name string) {
+		if ok {
+			out = append(out, name)
+		}
+	}
+	add(r.Tos != 0, "tos")
+	add(r.UIDRange != nil, "uidrange")
+	add(r.IPProto != 0, "ipproto")
+	add(r.Sport != nil, "sport")
+	add(r.Dport != nil, "dport")
+	add(r.TunID != 0, "tun_id")
+	add(r.Flow > 0, "realms")
+	add(r.SuppressIfgroup >= 0, "suppress_ifgroup")
+	add(r.Goto >= 0, "goto")
+	return out
 }

@@ -850,7 +850,7 @@ func (b *builder) tableName(id int) string {
 
 func isDefaultRule(r Rule) bool {
 	plain := r.From == "" && r.To == "" && r.IIF == "" && r.OIF == "" && r.FwMark == "" && !r.Invert &&
-		r.SuppressPrefixLength == nil && r.Action == "table"
+		r.SuppressPrefixLength == nil && r.Action == "table" && len(r.Extra) == 0
 	return plain && (r.Priority == 0 && r.Table == 255 || r.Priority == 32766 && r.Table == 254 || r.Priority == 32767 && r.Table == 253)
 }
 
@@ -893,6 +893,11 @@ func (b *builder) buildRules() []string {
 		}
 		if r.Priority == 0 {
 			lines = append(lines, fmt.Sprintf("# not imported: %s; priority 0 is the kernel's", ruleText(r)))
+			continue
+		}
+		if len(r.Extra) > 0 {
+			// Without them the rule would match more than it does now.
+			lines = append(lines, fmt.Sprintf("# not imported: %s; it also matches on %s, which nodeagent's rules cannot", ruleText(r), strings.Join(r.Extra, ", ")))
 			continue
 		}
 		action := r.Action

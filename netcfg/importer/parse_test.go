@@ -131,7 +131,8 @@ func TestBuildOddKernel(t *testing.T) {
 		Links:      []Link{{Name: "eth0", MTU: 1500, Up: true}},
 		TableNames: map[int]string{100: "vpn", 101: "vpn"},
 		Rules: []Rule{{Priority: 10, Family: "inet", From: "10.0.0.0/8", Table: 101, Action: "table"},
-			{Priority: 1000, Family: "inet", Action: "table"}},
+			{Priority: 1000, Family: "inet", Action: "table"},
+			{Priority: 2000, Family: "inet", Table: 101, Action: "table", Extra: []string{"uidrange"}}},
 		Routes: []Route{
 			{Table: 100, To: "0.0.0.0/0", Via: "192.0.2.1", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4},
 			{Table: 100, To: "0.0.0.0/0", Via: "192.0.2.2", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4},
@@ -142,7 +143,9 @@ func TestBuildOddKernel(t *testing.T) {
 		t.Fatalf("%v\n%s", err, r.Config)
 	}
 	for _, want := range []string{"- id: 100\n", "- id: 101\n", "table: 101", "# not imported: default via 192.0.2.2 dev eth0 proto static; the table has a route",
-		"# not imported: rule 1000: from all lookup 0; a rule that names no table"} {
+		"# not imported: rule 1000: from all lookup 0; a rule that names no table",
+		// Without its uidrange the rule would match every user's traffic.
+		"# not imported: rule 2000: from all lookup 101; it also matches on uidrange, which nodeagent's rules cannot"} {
 		if !strings.Contains(string(r.Config), want) {
 			t.Errorf("config lacks %q:\n%s", want, r.Config)
 		}

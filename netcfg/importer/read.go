@@ -199,7 +199,8 @@ func prefixString(n *net.IPNet) string {
 
 func ruleOf(r netlink.Rule) Rule {
 	out := Rule{Priority: r.Priority, Family: familyName(r.Family), From: prefixString(r.Src), To: prefixString(r.Dst),
-		IIF: r.IifName, OIF: r.OifName, Table: r.Table, Invert: r.Invert, Protocol: int(r.Protocol)}
+		IIF: r.IifName, OIF: r.OifName, Table: r.Table, Invert: r.Invert, Protocol: int(r.Protocol),
+		Extra: host.RuleExtraSelectors(r)}
 	out.Action = ruleActions[r.Type]
 	if out.Action == "" {
 		out.Action = fmt.Sprint(r.Type)

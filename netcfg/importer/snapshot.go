@@ -120,6 +120,9 @@ type Rule struct {
 	// Action is table, goto, nop, blackhole, unreachable or prohibit.
 	Action string `json:"action"`
 	Invert bool   `json:"invert,omitempty"`
+	// Extra names the selectors the config's rules do not have (uidrange,
+	// ipproto, tos, ...): such a rule is not imported.
+	Extra []string `json:"extra,omitempty"`
 	// SuppressPrefixLength is nil for none.
 	SuppressPrefixLength *int `json:"suppressPrefixLength,omitempty"`
 	Protocol             int  `json:"protocol,omitempty"`

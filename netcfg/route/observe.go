@@ -28,6 +28,11 @@ type ObservedRule struct {
 	// a foreign one what its maker set (0 from `ip rule add`), which an
 	// adoption's delete gives so as to delete it and not nodeagent's.
 	Proto uint8
+	// Shadowed says a rule at the same priority and family comes before
+	// this one in the kernel's list and is not just like it: a delete
+	// made from this rule's fields could hit that one, so a foreign rule
+	// that is shadowed is not adopted.
+	Shadowed bool
 }
 
 // Observed is the routing state that matters: every owned route and rule,
@@ -100,13 +105,29 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 	if err != nil {
 		return o, err
 	}
+	// earlier holds, per family and priority, the rules met so far in
+	// the kernel's list order (the order a rule delete searches).
+	type famPrio struct{ fam, prio int }
+	type seen struct {
+		rule  Rule
+		extra bool
+	}
+	earlier := map[famPrio][]seen{}
 	for _, r := range rules {
 		kr := fromKernelRule(r)
+		extra := len(host.RuleExtraSelectors(r)) > 0
+		key := famPrio{r.Family, r.Priority}
+		// A delete made from kr's fields matches the first rule at its
+		// priority that has them: an earlier rule there that is not
+		// exactly kr (another selector, one nodeagent does not model)
+		// would be deleted instead.
+		shadowed := slices.ContainsFunc(earlier[key], func(e seen) bool { return e.extra || e.rule != kr })
+		earlier[key] = append(earlier[key], seen{kr, extra})
 		owned := int(r.Protocol) == host.Proto
-		if !owned && !d.AdoptRules[kr] {
+		if !owned && (!d.AdoptRules[kr] || extra) {
 			continue // other foreign rules are never compared, changed or deleted
 		}
-		o.Rules = append(o.Rules, ObservedRule{Rule: kr, Owned: owned, Proto: r.Protocol})
+		o.Rules = append(o.Rules, ObservedRule{Rule: kr, Owned: owned, Proto: r.Protocol, Shadowed: shadowed})
 	}
 	if d.TablesFile != "" {
 		b, err := os.ReadFile(d.TablesFile)

@@ -49,13 +49,25 @@ type Op struct {
 
 // Object names what the op is about, for errors and status.
 func (o Op) Object() string {
-	switch o.Kind {
-	case OpAddRule, OpDelRule, OpAdoptRule:
+	switch {
+	case o.isRule():
 		return "rule " + o.Rule.String()
-	case OpWriteTables, OpRemoveTables:
+	case o.Kind == OpWriteTables || o.Kind == OpRemoveTables:
 		return "file " + o.File
 	}
 	return "route " + o.Route.String()
+}
+
+// isRule says the op is about a rule (a conflict is a rule's when it
+// names one: no rule of a config has priority 0).
+func (o Op) isRule() bool {
+	switch o.Kind {
+	case OpAddRule, OpDelRule, OpAdoptRule:
+		return true
+	case OpConflict:
+		return o.Rule.Priority != 0
+	}
+	return false
 }
 
 func (o Op) String() string {
@@ -87,10 +99,10 @@ func (o Op) String() string {
 func (o Op) Entry() plan.Entry {
 	kind := plan.KindRoute
 	action := plan.Change
-	switch o.Kind {
-	case OpAddRule, OpDelRule, OpAdoptRule:
+	switch {
+	case o.isRule():
 		kind = plan.KindRule
-	case OpWriteTables, OpRemoveTables:
+	case o.Kind == OpWriteTables || o.Kind == OpRemoveTables:
 		kind = plan.KindFile
 	}
 	switch o.Kind {
@@ -200,8 +212,10 @@ func MakePlan(d Desired, o Observed) Plan {
 		wantRule[r] = true
 		at, have := haveRule[r]
 		old, found := foreign[r]
-		adopt := d.AdoptRules[r] && found
+		adopt := d.AdoptRules[r] && found && !o.Rules[old].Shadowed
 		switch {
+		case d.AdoptRules[r] && found && o.Rules[old].Shadowed:
+			ops = append(ops, Op{Kind: OpConflict, Rule: r, Reason: "another rule at this priority comes before it in the kernel's list, which deleting the old rule could hit; left as it is (give the other rule a priority of its own)"})
 		case adopt && !have:
 			ops = append(ops, Op{Kind: OpAdoptRule, Rule: r, OldRule: o.Rules[old]})
 		case !have:
