@@ -617,7 +617,9 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 	var all []named
 	taken := map[string]int{}
 	for _, p := range peers {
-		n := sanitize(hints[p.PublicKey].NameHint)
+		// A commented-out key above [Peer] is no name: it would put
+		// most of a key into a file name.
+		n := sanitize(redact(hints[p.PublicKey].NameHint))
 		if n == "" || strings.HasPrefix(n, "peer-") {
 			n = keyName(p.PublicKey, 8)
 		}

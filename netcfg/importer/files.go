@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 )
@@ -177,6 +178,14 @@ func ParseWGQuick(name string, data []byte) WGQuickFile {
 	}
 	for i, raw := range strings.Split(strings.TrimPrefix(string(data), "\uFEFF"), "\n") {
 		ln := i + 1
+		// A control character or a Unicode line break inside a value
+		// would end a comment line of the output: none reaches it.
+		raw = strings.Map(func(r rune) rune {
+			if r != '\t' && (unicode.IsControl(r) || r == '\u2028' || r == '\u2029') {
+				return ' '
+			}
+			return r
+		}, raw)
 		trimmed := strings.TrimSpace(raw)
 		if c, ok := strings.CutPrefix(trimmed, "#"); ok {
 			lastComment = strings.TrimSpace(strings.TrimLeft(c, "#"))

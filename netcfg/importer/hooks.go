@@ -1,7 +1,6 @@
 package importer
 
 import (
-	"encoding/base64"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -216,19 +215,13 @@ var sysctlKeyRE = regexp.MustCompile(`^net(\.[A-Za-z0-9_*/-]+)+$`)
 
 func isDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
-// redact replaces every word of s shaped like a WireGuard key (44
-// characters of base64 decoding to 32 bytes) with "(key)", so that a hook
-// line shown in a comment never carries one.
+// keyRE is anything shaped like a WireGuard key (43 base64 characters
+// and the padding, 32 bytes), wherever it stands: as a word, after
+// KEY=, before a | or a >.
+var keyRE = regexp.MustCompile(`[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=`)
+
+// redact replaces everything of s shaped like a WireGuard key with
+// "(key)", so that a line shown in a comment never carries one.
 func redact(s string) string {
-	f := strings.FieldsFunc(s, func(r rune) bool {
-		return r == ' ' || r == '\t' || r == '\'' || r == '"' || r == '(' || r == ')' || r == '<'
-	})
-	for _, w := range f {
-		if len(w) >= 40 && len(w) <= 48 {
-			if b, err := base64.StdEncoding.DecodeString(w); err == nil && len(b) == 32 {
-				s = strings.ReplaceAll(s, w, "(key)")
-			}
-		}
-	}
-	return s
+	return keyRE.ReplaceAllString(s, "(key)")
 }

@@ -54,6 +54,13 @@ func TestRedact(t *testing.T) {
 	if want := "wg set wg0 peer (key) preshared-key <(echo '(key)')"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
+	// Keys glued to other text are keys too.
+	k := "n/NJ6J8swrn3WtRtb+7PVeyl3l7A3JaoggjZv6DluAM="
+	for _, line := range []string{"PSK=" + k + "; wg set %i peer P preshared-key <(echo $PSK)", "echo " + k + "|wg pubkey", "echo " + k + ">/run/k", "key=" + k} {
+		if got := redact(line); strings.Contains(got, "n/NJ6J8") || !strings.Contains(got, "(key)") {
+			t.Errorf("redact(%q) = %q", line, got)
+		}
+	}
 }
 
 func TestIPLinkAdds(t *testing.T) {
@@ -109,6 +116,21 @@ garbage line
 	}
 	if diff := cmp.Diff(want, w); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestParseWGQuickLineBreaks: a carriage return or a Unicode line
+// separator inside a value never reaches the output, where it would end
+// a comment line and start config.
+func TestParseWGQuickLineBreaks(t *testing.T) {
+	w := ParseWGQuick("wg0", []byte("[Interface]\r\nPostUp = logger up\rvlans: []\r\nDNS = 10.0.0.1\u2028firewall: {}\n"))
+	for _, v := range append([]string{w.Hooks[0].Command}, w.DNS...) {
+		if strings.ContainsAny(v, "\r\n\u2028\u2029") {
+			t.Errorf("a line break survived: %q", v)
+		}
+	}
+	if len(w.Hooks) != 1 || w.Hooks[0].Command != "logger up vlans: []" {
+		t.Errorf("hooks %q", w.Hooks)
 	}
 }
 

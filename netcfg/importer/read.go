@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/vishvananda/netlink"
@@ -249,39 +250,65 @@ func routeOf(fam int, r netlink.Route, names map[int]string) Route {
 	return out
 }
 
+// wgReadTimeout bounds the reading of the WireGuard devices: a userspace
+// device whose process is wedged accepts on its UAPI socket and never
+// answers, and wgctrl's read has no deadline of its own.
+var wgReadTimeout = 10 * time.Second
+
 // readWireGuard reads the named devices with wgctrl inside h's namespace:
-// kernel devices, and tun links that answer as userspace devices.
+// kernel devices, and tun links that answer as userspace devices. It
+// gives up after wgReadTimeout, saying so (the read is left behind: the
+// import is a command that ends).
 func readWireGuard(h *host.Host, names []string, s *Snapshot) {
 	kinds := map[string]string{}
 	for _, l := range s.Links {
 		kinds[l.Name] = l.Kind
 	}
-	err := h.Do(func() error {
-		c, err := wgctrl.New()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		for _, n := range names {
-			d, err := c.Device(n)
+	type result struct {
+		devs     []WGDevice
+		problems []string
+		err      error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = h.Do(func() error {
+			c, err := wgctrl.New()
 			if err != nil {
-				if errors.Is(err, os.ErrPermission) && kinds[n] == "wireguard" {
-					return err
-				}
-				if kinds[n] == "tun" {
-					continue // not WireGuard, or not ours to read
-				}
-				s.Problems = append(s.Problems, fmt.Sprintf("WireGuard device %s: %v", n, err))
-				continue
+				return err
 			}
-			s.WireGuard = append(s.WireGuard, deviceOf(d))
-		}
-		return nil
-	})
-	if errors.Is(err, os.ErrPermission) {
+			defer c.Close()
+			for _, n := range names {
+				d, err := c.Device(n)
+				if err != nil {
+					if errors.Is(err, os.ErrPermission) && kinds[n] == "wireguard" {
+						return err
+					}
+					if kinds[n] == "tun" {
+						continue // not WireGuard, or not ours to read
+					}
+					r.problems = append(r.problems, fmt.Sprintf("WireGuard device %s: %v", n, err))
+					continue
+				}
+				r.devs = append(r.devs, deviceOf(d))
+			}
+			return nil
+		})
+		done <- r
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(wgReadTimeout):
+		s.Problems = append(s.Problems, fmt.Sprintf("WireGuard devices: no answer within %s (a userspace device whose process does not answer?); none imported", wgReadTimeout))
+		return
+	}
+	s.WireGuard = append(s.WireGuard, r.devs...)
+	s.Problems = append(s.Problems, r.problems...)
+	if errors.Is(r.err, os.ErrPermission) {
 		s.Problems = append(s.Problems, "WireGuard devices (keys and peers) cannot be read without root (CAP_NET_ADMIN); run nodeagent import as root")
-	} else if err != nil {
-		s.Problems = append(s.Problems, fmt.Sprintf("WireGuard devices: %v", err))
+	} else if r.err != nil {
+		s.Problems = append(s.Problems, fmt.Sprintf("WireGuard devices: %v", r.err))
 	}
 }
 
