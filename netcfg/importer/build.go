@@ -1083,7 +1083,10 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 			rs = append(rs, r)
 		}
 	}
-	slices.SortFunc(rs, func(x, y Route) int {
+	// Stable: of two routes with one key (to, metric), the kernel's dump
+	// order says which one a replace changes (the first), and that is the
+	// one imported.
+	slices.SortStableFunc(rs, func(x, y Route) int {
 		return cmp.Or(boolCmp(strings.Contains(x.To, ":"), strings.Contains(y.To, ":")), comparePrefixStrings(x.To, y.To), cmp.Compare(x.Metric, y.Metric))
 	})
 	isKS := func(r Route) bool {

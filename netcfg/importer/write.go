@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +27,19 @@ func WriteOut(dir string, r Result) error {
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
+	}
+	// An empty directory someone else made (in /tmp, say) is not ours to
+	// fill with keys: its owner could swap the files before they are
+	// installed. Nor is a link to a directory.
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory (a link is not followed)", dir)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d, not to this user: give a new directory, or one of your own", dir, sys.Uid)
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return err
