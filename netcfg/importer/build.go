@@ -1111,6 +1111,10 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 		case r.Multipath:
 			comments = append(comments, "# not imported: "+routeText(r)+"; nodeagent makes no multipath routes")
 			continue
+		case len(r.Extra) > 0:
+			// Adopting it (a replace with nodeagent's fields) would drop them.
+			comments = append(comments, "# not imported: "+routeText(r)+"; it has "+strings.Join(r.Extra, ", ")+", which nodeagent's routes do not")
+			continue
 		case !slices.Contains([]string{"unicast", "unreachable", "blackhole", "prohibit"}, r.Type):
 			comments = append(comments, "# not imported: "+routeText(r)+"; nodeagent makes no "+r.Type+" routes")
 			continue

@@ -158,6 +158,7 @@ func TestBuildOddKernel(t *testing.T) {
 		Routes: []Route{
 			{Table: 100, To: "0.0.0.0/0", Via: "192.0.2.1", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4},
 			{Table: 100, To: "0.0.0.0/0", Via: "192.0.2.2", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4},
+			{Table: 100, To: "10.0.0.0/8", Dev: "eth0", Scope: "link", Type: "unicast", Protocol: 4, Extra: []string{"mtu"}},
 		},
 	}
 	r, err := Build(s, Options{})
@@ -167,7 +168,9 @@ func TestBuildOddKernel(t *testing.T) {
 	for _, want := range []string{"- id: 100\n", "- id: 101\n", "table: 101", "# not imported: default via 192.0.2.2 dev eth0 proto static; the table has a route",
 		"# not imported: rule 1000: from all lookup 0; a rule that names no table",
 		// Without its uidrange the rule would match every user's traffic.
-		"# not imported: rule 2000: from all lookup 101; it also matches on uidrange, which nodeagent's rules cannot"} {
+		"# not imported: rule 2000: from all lookup 101; it also matches on uidrange, which nodeagent's rules cannot",
+		// Adopting it would drop its mtu.
+		"# not imported: 10.0.0.0/8 dev eth0 proto static; it has mtu, which nodeagent's routes do not"} {
 		if !strings.Contains(string(r.Config), want) {
 			t.Errorf("config lacks %q:\n%s", want, r.Config)
 		}

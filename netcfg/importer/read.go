@@ -233,6 +233,7 @@ func routeOf(fam int, r netlink.Route, names map[int]string) Route {
 	if out.Type == "" {
 		out.Type = fmt.Sprint(r.Type)
 	}
+	out.Extra = routeExtras(r)
 	switch {
 	case r.Dst != nil:
 		out.To = prefixString(r.Dst)
@@ -246,6 +247,30 @@ func routeOf(fam int, r netlink.Route, names map[int]string) Route {
 	}
 	if a, ok := netip.AddrFromSlice(r.Src); ok && r.Src != nil {
 		out.Src = a.Unmap().String()
+	}
+	return out
+}
+
+// routeExtras names what r has that the config's routes cannot say: a
+// route metric (mtu, advmss, ...), a tos, a realm, an encapsulation, an
+// MPLS destination.
+func routeExtras(r netlink.Route) []string {
+	var out []string
+	for _, a := range []struct {
+		set  bool
+		name string
+	}{
+		{r.MTU != 0, "mtu"}, {r.AdvMSS != 0, "advmss"}, {r.Hoplimit != 0, "hoplimit"}, {r.Window != 0, "window"},
+		{r.Rtt != 0, "rtt"}, {r.RttVar != 0, "rttvar"}, {r.Ssthresh != 0, "ssthresh"}, {r.Cwnd != 0, "cwnd"},
+		{r.InitCwnd != 0, "initcwnd"}, {r.InitRwnd != 0, "initrwnd"}, {r.RtoMin != 0, "rto_min"},
+		{r.QuickACK != 0, "quickack"}, {r.Congctl != "", "congctl"}, {r.FastOpenNoCookie != 0, "fastopen_no_cookie"},
+		{r.Reordering != 0, "reordering"}, {r.Features != 0, "features"},
+		{r.Tos != 0, "tos"}, {r.Realm != 0, "realm"}, {r.Encap != nil, "encap"}, {r.Via != nil, "via (another family)"},
+		{r.NewDst != nil || r.MPLSDst != nil, "mpls"},
+	} {
+		if a.set {
+			out = append(out, a.name)
+		}
 	}
 	return out
 }

@@ -146,6 +146,9 @@ type Route struct {
 	Type     string `json:"type"`
 	Protocol int    `json:"protocol"`
 	OnLink   bool   `json:"onlink,omitempty"`
+	// Extra names the attributes the config's routes do not have (mtu,
+	// advmss, tos, realm, encap, ...): such a route is not imported.
+	Extra []string `json:"extra,omitempty"`
 	// Multipath: a route with several next hops (not imported).
 	Multipath bool `json:"multipath,omitempty"`
 }

@@ -161,7 +161,9 @@ func addrOf(ip net.IP) netip.Addr {
 }
 
 func fromKernelRoute(r netlink.Route, names map[int]string) (Route, bool) {
-	if len(r.MultiPath) > 0 || r.MPLSDst != nil {
+	// host.RouteList marks a multipath route with a non-nil, empty
+	// MultiPath.
+	if r.MultiPath != nil || r.MPLSDst != nil {
 		return Route{}, false
 	}
 	out := Route{
