@@ -62,6 +62,19 @@ type Result struct {
 // maxProblemNotes bounds the notes listing what could not be read.
 const maxProblemNotes = 20
 
+// ownNamesFile is the rt_tables.d entry nodeagent writes for the tables
+// its config names (routing.tables[].name).
+const ownNamesFile = "/etc/iproute2/rt_tables.d/nodeagent.conf"
+
+// foreignName says the table's name comes from a file nodeagent does not
+// write: the config leaves it there rather than name the table again in
+// a file of its own, which would be a write on the first plan, not an
+// adoption (and the same name in two files).
+func (b *builder) foreignName(id int) bool {
+	f := b.s.TableNameFiles[id]
+	return f != "" && f != ownNamesFile
+}
+
 // reservedTableNames are the tables every kernel has.
 var reservedTableNames = map[int]string{253: "default", 254: "main", 255: "local"}
 
@@ -839,6 +852,9 @@ var tableNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 // table, is left out.
 func (b *builder) tableName(id int) string {
 	n := b.s.TableNames[id]
+	if b.foreignName(id) {
+		return ""
+	}
 	if n == "" || !tableNameRE.MatchString(n) || isDigits(n) || slices.Contains([]string{"unspec", "default", "main", "local"}, n) {
 		return ""
 	}
@@ -1041,7 +1057,9 @@ func (b *builder) buildTables() []string {
 		lines = append(lines, fmt.Sprintf("- id: %d", id))
 		if n := b.tableName(id); n != "" {
 			lines = append(lines, "  name: "+scalar(n))
-		} else if n := b.s.TableNames[id]; n != "" {
+		} else if n := b.s.TableNames[id]; n != "" && b.foreignName(id) {
+			lines = append(lines, fmt.Sprintf("  # %s names it %s and stays as it is; a name: here would have nodeagent write it again in %s", b.s.TableNameFiles[id], n, ownNamesFile))
+		} else if n != "" {
 			lines = append(lines, fmt.Sprintf("  # rt_tables names it %q, which is not a name the config takes", n))
 		}
 		routes, comments, ks := b.tableRoutes(id)

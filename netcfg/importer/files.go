@@ -28,13 +28,13 @@ const maxDirEntries = 10000
 // Units) from the directory etc, which stands for /etc. What cannot be
 // read is added to s.Problems; a missing file or directory is no problem.
 func ReadFiles(etc string, s *Snapshot) {
-	names := map[int]string{}
-	readTables(filepath.Join(etc, "iproute2", "rt_tables"), names, s)
+	names, from := map[int]string{}, map[int]string{}
+	readTables(etc, filepath.Join(etc, "iproute2", "rt_tables"), names, from, s)
 	for _, f := range listDir(filepath.Join(etc, "iproute2", "rt_tables.d"), ".conf", s, true) {
-		readTables(f, names, s)
+		readTables(etc, f, names, from, s)
 	}
 	if len(names) > 0 {
-		s.TableNames = names
+		s.TableNames, s.TableNameFiles = names, from
 	}
 	for _, f := range listDir(filepath.Join(etc, "wireguard"), ".conf", s, true) {
 		data, err := fsafe.ReadFile(f, fileRules)
@@ -136,7 +136,11 @@ func listDir(dir, ext string, s *Snapshot, sayLinks bool) []string {
 
 // readTables adds the "ID NAME" lines of an rt_tables file to names; a
 // later file's name for an id wins, as ip(8) reads them.
-func readTables(path string, names map[int]string, s *Snapshot) {
+func readTables(etc, path string, names, from map[int]string, s *Snapshot) {
+	rel, err := filepath.Rel(etc, path)
+	if err != nil {
+		rel = path
+	}
 	data, err := fsafe.ReadFile(path, fileRules)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -155,6 +159,7 @@ func readTables(path string, names map[int]string, s *Snapshot) {
 			continue
 		}
 		names[int(id)] = f[1]
+		from[int(id)] = "/etc/" + filepath.ToSlash(rel)
 	}
 }
 

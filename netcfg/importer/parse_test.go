@@ -202,3 +202,30 @@ func TestBuildUserspace(t *testing.T) {
 		t.Errorf("tun9 was imported:\n%s", r.Config)
 	}
 }
+
+// TestTableNameOwner: a table's name is the config's when nodeagent's own
+// rt_tables.d entry gives it (a node nodeagent already runs), and is left
+// in the file that gives it otherwise: naming it again would be a write
+// on the first plan, not an adoption.
+func TestTableNameOwner(t *testing.T) {
+	for _, c := range []struct {
+		file, want string
+	}{
+		{ownNamesFile, "      name: vpn\n"},
+		{"/etc/iproute2/rt_tables.d/old.conf", "      # /etc/iproute2/rt_tables.d/old.conf names it vpn and stays as it is"},
+	} {
+		s := Snapshot{
+			Links:          []Link{{Name: "eth0", MTU: 1500, Up: true}},
+			TableNames:     map[int]string{150: "vpn"},
+			TableNameFiles: map[int]string{150: c.file},
+			Routes:         []Route{{Table: 150, To: "0.0.0.0/0", Via: "192.0.2.1", Dev: "eth0", Scope: "global", Type: "unicast", Protocol: 4}},
+		}
+		r, err := Build(s, Options{})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, r.Config)
+		}
+		if !strings.Contains(string(r.Config), c.want) {
+			t.Errorf("names from %s: config lacks %q:\n%s", c.file, c.want, r.Config)
+		}
+	}
+}

@@ -78,7 +78,7 @@ macvlans:
 routing:
   tables:
     - id: 150
-      name: vpn
+      # /etc/iproute2/rt_tables names it vpn and stays as it is; a name: here would have nodeagent write it again in /etc/iproute2/rt_tables.d/nodeagent.conf
       routes:
         - {to: default, via: 10.10.50.254, dev: shim50, adopt: true}
         - {to: default, metric: 4000, type: unreachable, adopt: true}
@@ -91,8 +91,8 @@ routing:
         - {to: default, metric: 4294967295, type: unreachable, adopt: true}
         - {to: "::/0", metric: 4294967295, type: unreachable, adopt: true}
   rules:
-    - {priority: 100, from: 10.10.50.0/24, table: vpn, adopt: true}
-    - {priority: 101, from: fd00:50::/64, table: vpn, adopt: true}
+    - {priority: 100, from: 10.10.50.0/24, table: 150, adopt: true}
+    - {priority: 101, from: fd00:50::/64, table: 150, adopt: true}
     # without from and to, nodeagent makes this rule for IPv4 and IPv6
     - {priority: 200, fwMark: 0x10/0xff, table: 151, adopt: true}
 `

@@ -34,6 +34,10 @@ type Snapshot struct {
 	// /etc/iproute2/rt_tables and rt_tables.d/*.conf, id to name (the
 	// reserved tables' included when the files name them).
 	TableNames map[int]string `json:"tableNames,omitempty"`
+	// TableNameFiles says which file gave each name
+	// (/etc/iproute2/rt_tables.d/x.conf); a name without one is taken as
+	// nodeagent's own.
+	TableNameFiles map[int]string `json:"tableNameFiles,omitempty"`
 	// Sysctls are the values of the keys of SysctlKeys, in the config's
 	// syntax (net.ipv4.conf.enp1s0/50.rp_filter).
 	Sysctls map[string]string `json:"sysctls,omitempty"`
