@@ -3,6 +3,8 @@ package vm
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -51,6 +54,19 @@ type SystemConfig struct {
 	Console func(line string)
 	// Log receives progress notes (default os.Stderr).
 	Log io.Writer
+	// Init is the kernel's rdinit, the first program (default
+	// /lib/systemd/systemd); an Overlay's script that picks a root and
+	// then runs systemd, say.
+	Init string
+	// DiskMiB, when set, gives the VM a blank ext4 disk of that size as
+	// /dev/vda (made on the host with mkfs.ext4, labelled "vmroot"),
+	// which keeps what is written to it across the guest's reboots.
+	DiskMiB int
+	// Reboots is how many times the guest may reboot: qemu then starts it
+	// again with the same kernel, initramfs and disk. One more reboot (a
+	// panic loop) ends the run with an error. Default 0: a reboot ends
+	// the run as a power-off does.
+	Reboots int
 }
 
 // SystemResult tells where the time went.
@@ -80,7 +96,7 @@ func BootSystem(ctx context.Context, cfg SystemConfig) (*SystemResult, error) {
 		cfg.Console = func(string) {}
 	}
 	vc := Config{CacheDir: cfg.CacheDir, Log: cfg.Log, Out: io.Discard, ExtraModules: cfg.Modules,
-		MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs, Append: "rdinit=/lib/systemd/systemd systemd.show_status=0"}
+		MemoryMiB: cfg.MemoryMiB, CPUs: cfg.CPUs, Append: "rdinit=" + cmp.Or(cfg.Init, "/lib/systemd/systemd") + " systemd.show_status=0"}
 	vc.setDefaults()
 	res := &SystemResult{}
 
@@ -130,9 +146,20 @@ func BootSystem(ctx context.Context, cfg SystemConfig) (*SystemResult, error) {
 		res.InitrdBytes = fi.Size()
 	}
 
+	args := qemuArgs(&vc, k, initrd)
+	if cfg.DiskMiB > 0 {
+		disk := filepath.Join(stage, "disk.img")
+		if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-L", "vmroot", disk, strconv.Itoa(cfg.DiskMiB)+"M").CombinedOutput(); err != nil {
+			return res, fmt.Errorf("disk: mkfs.ext4: %v: %s", err, bytes.TrimSpace(out))
+		}
+		args = append(args, "-drive", "file="+disk+",if=virtio,format=raw")
+	}
+	if cfg.Reboots > 0 {
+		args = slices.DeleteFunc(args, func(a string) bool { return a == "-no-reboot" })
+	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", qemuArgs(&vc, k, initrd)...)
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
 	cmd.WaitDelay = 5 * time.Second
 	cmd.Stderr = vc.Log
 	stdout, err := cmd.StdoutPipe()
@@ -144,10 +171,18 @@ func BootSystem(ctx context.Context, cfg SystemConfig) (*SystemResult, error) {
 		return res, fmt.Errorf("start qemu (install qemu-system-x86): %w", err)
 	}
 	br := bufio.NewReaderSize(stdout, 64<<10)
+	reboots := 0
 	for {
 		line, err := br.ReadString('\n')
 		if line != "" {
 			cfg.Console(strings.TrimRight(line, "\r\n"))
+			// The kernel's last words before a reset.
+			if strings.Contains(line, "reboot: Restarting system") {
+				if reboots++; reboots > cfg.Reboots {
+					cfg.Console(fmt.Sprintf("vm: reboot %d of at most %d: stopping the vm", reboots, cfg.Reboots))
+					cancel()
+				}
+			}
 		}
 		if err != nil {
 			break
@@ -157,6 +192,9 @@ func BootSystem(ctx context.Context, cfg SystemConfig) (*SystemResult, error) {
 	res.Boot = time.Since(start)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return res, fmt.Errorf("boot: the vm timed out after %v and was killed", cfg.Timeout)
+	}
+	if reboots > cfg.Reboots {
+		return res, fmt.Errorf("boot: the guest rebooted %d times, at most %d allowed", reboots, cfg.Reboots)
 	}
 	if werr != nil {
 		return res, fmt.Errorf("boot: qemu: %w", werr)
