@@ -18,11 +18,12 @@ import (
 // systemd and the tools the acceptance script observes with (dbus for
 // systemd-analyze security).
 // networkd is in Debian 12's systemd package; network-manager is masked
-// until the step that runs it; tcpdump and ping watch the wire.
-var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools", "network-manager", "tcpdump", "iputils-ping"}
+// until the step that runs it; tcpdump and ping watch the wire; iptables
+// is the old setup's masquerade that the adopt step imports.
+var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools", "network-manager", "tcpdump", "iputils-ping", "iptables"}
 
 // debSteps are the acceptance steps the script in the VM reports, in order.
-var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "networkd", "garp", "nm", "security", "purge"}
+var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "networkd", "garp", "nm", "security", "purge", "adopt", "reboot"}
 
 var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 
@@ -34,11 +35,17 @@ var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 // kernel and userspace WireGuard), reloads it, kills it, wedges it for the
 // watchdog, prints the unit's systemd-analyze security score and purges it.
 // Before the score, the neighbours' steps (testdata/steps) run the gateway
-// config beside real systemd-networkd, udevd and NetworkManager. Each step
-// is a subtest; each check in it that failed is an error.
+// config beside real systemd-networkd, udevd and NetworkManager. After the
+// purge, the adopt step (testdata/steps/late) sets the node up the old
+// way (an ip-link unit, wg-quick@wg0 with 20 peers, a rule and table 150,
+// a remote client and a VLAN host pinging throughout), imports it, takes
+// it over and saves the root on the VM's disk; the VM reboots into it
+// (testdata/rdinit.sh), and the reboot step (testdata/steps/reboot)
+// checks the node comes up from nodeagent alone. Each step is a subtest;
+// each check in it that failed is an error.
 //
 // It runs as root with NODEAGENT_DEB_VM=1 (make test sets it): it takes
-// about five minutes on two cores.
+// about nine minutes on two cores.
 func TestDebInSystemdVM(t *testing.T) {
 	if os.Getenv("NODEAGENT_DEB_VM") != "1" {
 		t.Skip("set NODEAGENT_DEB_VM=1 (as root) to build the .deb and boot it in a systemd VM")
@@ -49,7 +56,7 @@ func TestDebInSystemdVM(t *testing.T) {
 			t.Fatalf("%s is missing (.ci/run installs it): %v", tool, err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 19*time.Minute)
 	defer cancel()
 
 	dist := t.TempDir()
@@ -92,6 +99,15 @@ func TestDebInSystemdVM(t *testing.T) {
 	for _, f := range steps {
 		files["usr/local/lib/deb-acceptance/"+filepath.Base(f)] = f
 	}
+	// The steps after the purge (adopting a node set up the old way),
+	// and those of the boot after it, from the root it saved on the disk.
+	for _, dir := range []string{"late", "reboot"} {
+		more, _ := filepath.Glob("testdata/steps/" + dir + "/*.sh")
+		for _, f := range more {
+			files["usr/local/lib/deb-acceptance/"+dir+"/"+filepath.Base(f)] = f
+		}
+	}
+	files["usr/local/sbin/vm-rdinit"] = "testdata/rdinit.sh"
 	for dst, src := range files {
 		b, err := os.ReadFile(src)
 		if err != nil {
@@ -131,8 +147,18 @@ func TestDebInSystemdVM(t *testing.T) {
 	done := false
 	res, err := vm.BootSystem(ctx, vm.SystemConfig{
 		Packages: debVMPackages,
-		Overlay:  overlay,
-		Log:      testWriter{t},
+		// The old setup's PostUp runs iptables-nft's MASQUERADE, an
+		// xtables target the kernel runs through nft_compat; the disk
+		// the adopt step saves the root on is virtio, ext4.
+		Modules: []string{"nft_compat", "xt_MASQUERADE", "virtio_pci", "virtio_blk", "ext4"},
+		Overlay: overlay,
+		// The adopt step reboots once, into the root it saved on the
+		// disk (testdata/rdinit.sh picks it).
+		Init:    "/usr/local/sbin/vm-rdinit",
+		DiskMiB: 2048,
+		Reboots: 1,
+		Timeout: 16 * time.Minute,
+		Log:     testWriter{t},
 		Console: func(line string) {
 			t.Log(line)
 			m := marker.FindStringSubmatch(line)

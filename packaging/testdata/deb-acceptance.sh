@@ -45,6 +45,16 @@ write_config() { cat > /etc/nodeagent/.new.yaml && mv /etc/nodeagent/.new.yaml /
 
 echo "kernel $(uname -r), $(systemctl --version | head -1)"
 
+# The boot after the adopt step (testdata/steps/late), from the root it
+# saved: only the checks of that boot.
+if [[ -e /root/adopt-rebooted ]]; then
+	. /usr/local/lib/deb-acceptance/05-topology.sh
+	for f in /usr/local/lib/deb-acceptance/reboot/*.sh; do
+		[[ -e $f ]] && . "$f"
+	done
+	exit 0
+fi
+
 # --- 1. install ---------------------------------------------------------
 begin install
 deb=$(ls /root/deb/nodeagent_*_amd64.deb)
@@ -337,3 +347,8 @@ check nft-gone sh -c '! nft list table inet nodeagent'
 check rule-gone sh -c '! ip rule show | grep -q "^1000:"'
 check foreign-trunk-stays ip link show trunk0
 check purge-again dpkg --purge nodeagent
+
+# --- after the purge: a node set up the old way, adopted (testdata/steps/late)
+for f in /usr/local/lib/deb-acceptance/late/*.sh; do
+	[[ -e $f ]] && . "$f"
+done
