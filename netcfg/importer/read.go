@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
@@ -61,7 +62,7 @@ func Read(ctx context.Context, h *host.Host, o ReadOptions) (Snapshot, error) {
 		o.Etc = "/etc"
 	}
 	if o.ProcSys == "" {
-		o.ProcSys = "/proc/sys"
+		o.ProcSys = sysctl.DefaultRoot
 	}
 	var s Snapshot
 	if err := readKernel(ctx, h, o, &s); err != nil {
@@ -147,7 +148,7 @@ func readKernel(ctx context.Context, h *host.Host, o ReadOptions, s *Snapshot) e
 	if len(wgNames) > 0 {
 		readWireGuard(h, wgNames, s)
 	}
-	readSysctls(h, o.ProcSys, s)
+	readSysctls(ctx, h, o.ProcSys, s)
 	return ctx.Err()
 }
 
@@ -358,62 +359,36 @@ func deviceOf(d *wgtypes.Device) WGDevice {
 	return out
 }
 
-// maxSysctl bounds a sysctl value read.
-const maxSysctl = 4096
-
 // readSysctls reads SysctlKeys and the rp_filter of every VLAN, macvlan
-// and WireGuard link, inside h's namespace (a /proc/sys/net file shows the
-// namespace of the thread that opens it).
-func readSysctls(h *host.Host, procSys string, s *Snapshot) {
-	keys := slices.Clone(SysctlKeys)
+// and WireGuard link with the sysctl subsystem's own Observe: the same
+// key syntax, files and namespace (a /proc/sys/net file shows the
+// namespace of the thread that opens it) as the daemon's.
+func readSysctls(ctx context.Context, h *host.Host, procSys string, s *Snapshot) {
+	want := map[string]string{}
+	for _, k := range SysctlKeys {
+		want[k] = ""
+	}
 	for _, l := range s.Links {
 		if l.Kind == "vlan" || l.Kind == "macvlan" || l.Kind == "wireguard" {
-			keys = append(keys, "net.ipv4.conf."+strings.ReplaceAll(l.Name, ".", "/")+".rp_filter")
+			want["net.ipv4.conf."+strings.ReplaceAll(l.Name, ".", "/")+".rp_filter"] = ""
 		}
 	}
-	vals := map[string]string{}
-	err := h.Do(func() error {
-		for _, k := range keys {
-			path := sysctlPath(procSys, k)
-			b, err := readSmall(path)
-			if err != nil {
-				if !errors.Is(err, os.ErrNotExist) {
-					s.Problems = append(s.Problems, fmt.Sprintf("sysctl %s: %v", k, err))
-				}
-				continue
-			}
-			vals[k] = strings.Join(strings.Fields(string(b)), " ")
-		}
-		return nil
-	})
+	o, err := sysctl.Observe(ctx, h.Snapshot(), sysctl.Desired{Root: procSys, Values: want})
 	if err != nil {
 		s.Problems = append(s.Problems, fmt.Sprintf("sysctls: %v", err))
+		return
+	}
+	vals := map[string]string{}
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		switch ok := o.Keys[k]; {
+		case !ok.Exists:
+		case ok.Unreadable != "":
+			s.Problems = append(s.Problems, fmt.Sprintf("sysctl %s: %s", k, ok.Unreadable))
+		default:
+			vals[k] = strings.Join(strings.Fields(ok.Raw), " ")
+		}
 	}
 	if len(vals) > 0 {
 		s.Sysctls = vals
 	}
-}
-
-// sysctlPath is the /proc/sys file of a key in the config's syntax: '.'
-// separates segments, '/' stands for a '.' inside one.
-func sysctlPath(procSys, key string) string {
-	segs := strings.Split(key, ".")
-	for i := range segs {
-		segs[i] = strings.ReplaceAll(segs[i], "/", ".")
-	}
-	return filepath.Join(append([]string{procSys}, segs...)...)
-}
-
-func readSmall(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b := make([]byte, maxSysctl)
-	n, err := f.Read(b)
-	if err != nil && n == 0 {
-		return nil, err
-	}
-	return b[:n], nil
 }
