@@ -117,7 +117,11 @@ type Daemon struct {
 	nm           *nmWatch
 	neighbours   chan struct{}
 	want         atomic.Pointer[interest]
-	files        *fileWatch
+	// waitingFor are the links the last sync's waits named (sorted): the
+	// event filter looks for them too, so that one appearing is a sync at
+	// once, not at the bound's or the resync's timer.
+	waitingFor []string
+	files      *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).

@@ -64,7 +64,7 @@ func (d *Daemon) load(why trigger) error {
 	d.loadGen, d.rawSum, d.dirIDs = r.gen, sha256.Sum256(r.raw), r.dirs
 	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(d.rawSum[:8])
 	d.setWarnings(r.cfg)
-	d.want.Store(interestOf(r.des))
+	d.want.Store(interestOf(r.des, d.waitingFor))
 	d.setPIA(r.pia)
 	return nil
 }
@@ -208,14 +208,28 @@ func (d *Daemon) read(resync bool) (loaded, error) {
 	}
 }
 
-func interestOf(des netcfg.Desired) *interest {
+// interestOf is what the event filters look for with des converging:
+// the links it makes or puts on a parent, its WireGuard devices, and the
+// links objects wait for (waiting), which the config does not create.
+func interestOf(des netcfg.Desired, waiting []string) *interest {
 	in := &interest{names: map[string]bool{}}
+	for _, n := range waiting {
+		in.names[n] = true
+	}
 	for _, l := range des.Link.Links {
 		in.names[l.Name] = true
 		in.names[l.Parent] = true
 	}
 	for _, dev := range des.WG.Devices {
 		in.names[dev.Name] = true
+	}
+	// The devices routes name: one the config does not create may appear
+	// late or be deleted by its program, and the kernel flushes the
+	// routes on it without a route event.
+	for _, r := range des.Route.Routes {
+		if r.Dev != "" {
+			in.names[r.Dev] = true
+		}
 	}
 	return in
 }
