@@ -96,6 +96,12 @@ type Daemon struct {
 	// queue of link events waited for the next resync.
 	kicked atomic.Uint32
 	kick   chan struct{}
+	// savedAt is when the file watch last said the config changed (unix
+	// nanoseconds), and reloadAt when the loop last took an operator's
+	// reload: a save that follows a reload closely is the reload's own
+	// (reloadCovers), whichever the loop read first.
+	savedAt  atomic.Int64
+	reloadAt time.Time
 	// waits follows the objects that wait for a link the config does not
 	// create, and since when.
 	waits waiting.Tracker
@@ -344,6 +350,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 // kickNow asks the loop for a sync for why; it never blocks, and why is
 // kept until the loop takes it (kicks), however many kicks come first.
 func (d *Daemon) kickNow(why trigger) {
+	if why == trigConfig {
+		d.savedAt.Store(time.Now().UnixNano())
+	}
 	d.kicked.Or(1 << why)
 	select {
 	case d.kick <- struct{}{}:

@@ -46,10 +46,15 @@ func (d *Daemon) load(why trigger) error {
 	}
 	if !r.quiet && d.cfg != nil {
 		if risks := saveguard.Risks(d.cfg, r.cfg); len(risks) > 0 {
-			if why != trigSignal && why != trigAPI {
+			asked := why == trigSignal || why == trigAPI
+			if !asked && !d.reloadCovers() {
 				return &HeldError{Sum: sha256.Sum256(r.raw), Risks: risks}
 			}
-			d.log.Warn("applying a config change that takes away wholesale, as an operator's reload asked", "file", d.o.Config, "trigger", why.String(), "change", saveguard.Summary(risks))
+			attrs := []any{"file", d.o.Config, "trigger", why.String(), "change", saveguard.Summary(risks)}
+			if !asked {
+				attrs = append(attrs, "reload", fmt.Sprintf("%s before the save", time.Duration(d.savedAt.Load()-d.reloadAt.UnixNano()).Round(time.Millisecond)))
+			}
+			d.log.Warn("applying a config change that takes away wholesale, as an operator's reload asked", attrs...)
 		}
 	}
 	d.held = [32]byte{}
@@ -67,6 +72,25 @@ func (d *Daemon) load(why trigger) error {
 	d.want.Store(interestOf(r.des, d.waitingFor))
 	d.setPIA(r.pia)
 	return nil
+}
+
+// reloadFollow is how long after an operator's reload a save still counts
+// as the one the reload was for. A reload read by the loop a moment
+// before the file changed (the API's reload is served at once, not
+// debounced; a script that reloads, then writes) read the file before the
+// save: the save's own event must not then be held as one nobody asked
+// for. A SIGHUP and a save in one debounced burst need no window: the
+// burst is the reload's (merge).
+const reloadFollow = time.Second
+
+// reloadCovers reports whether the config's last change came within
+// reloadFollow after an operator's reload, so the reload asked for it.
+func (d *Daemon) reloadCovers() bool {
+	if d.reloadAt.IsZero() {
+		return false
+	}
+	after := time.Duration(d.savedAt.Load() - d.reloadAt.UnixNano())
+	return after >= 0 && after <= reloadFollow
 }
 
 // loaded is what one read of the config produced.

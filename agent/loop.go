@@ -61,9 +61,13 @@ func (t trigger) rereads() bool {
 	return t == trigConfig || t == trigSignal || t == trigAPI || t == trigResync
 }
 
-// merge keeps the most telling trigger of a debounced burst: a config
-// change beats the rest, so the burst re-reads the config; a provider's
-// change beats a kernel event, so that it is not counted as drift.
+// merge keeps the most telling trigger of a debounced burst: an
+// operator's reload (SIGHUP, the API's) beats the rest, so a save that
+// came in the same burst is read as the reload asked, never held as a
+// file event alone (a script's `cp new.yaml …; systemctl reload`); a
+// config change beats the others, so the burst re-reads the config; a
+// provider's change beats a kernel event, so that it is not counted as
+// drift.
 func merge(have, why trigger) trigger {
 	// Register files with anything else: the burst re-reads the config,
 	// the registers with it, unless the other trigger does already.
@@ -82,7 +86,7 @@ func merge(have, why trigger) trigger {
 		}
 		return other
 	}
-	for _, t := range []trigger{trigConfig, trigSignal, trigAPI, trigStart, trigProvider} {
+	for _, t := range []trigger{trigSignal, trigAPI, trigConfig, trigStart, trigProvider} {
 		if have == t || why == t {
 			return t
 		}
@@ -187,6 +191,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				d.stall <- time.Minute
 				continue
 			}
+			d.reloadAt = time.Now()
 			pending = merge(pending, trigSignal)
 			arm(d.o.Debounce)
 		case <-d.neighbours:
@@ -413,6 +418,7 @@ type reloadRequest struct{ reply chan<- api.Reload }
 
 func (r reloadRequest) serve(ctx context.Context, d *Daemon) {
 	old := d.hash
+	d.reloadAt = time.Now()
 	d.reload(trigAPI)
 	d.mu.Lock()
 	rej := d.status.LastRejected
