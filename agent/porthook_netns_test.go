@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
-	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 )
 
@@ -154,34 +153,5 @@ func TestPortHookRetriesUntilDelivered(t *testing.T) {
 	}
 	if p := forwardedPort(r); p != port {
 		t.Errorf("the port moved during the test (%d, then %d)", port, p)
-	}
-}
-
-// TestPortHookWant: what the hook is told as the port comes, moves, is
-// lost and comes back.
-func TestPortHookWant(t *testing.T) {
-	h := &portHook{s: hookrun.Start(t.Context(), hookrun.Config{Device: "wg-pia", Argv: []string{"/bin/true"}, Timeout: time.Second}, nil, nil)}
-	defer h.s.Stop()
-	for _, step := range []struct {
-		port int
-		lost bool
-		want hookrun.State
-	}{
-		{47000, false, hookrun.State{Port: 47000}},
-		{47000, false, hookrun.State{Port: 47000}},
-		{51000, false, hookrun.State{Port: 51000, Previous: 47000}},
-		{51000, true, hookrun.State{Port: 0, Previous: 51000, Lost: true}},
-		{51000, true, hookrun.State{Port: 0, Previous: 51000, Lost: true}},
-		{51000, false, hookrun.State{Port: 51000, Previous: 51000}},
-		{52000, true, hookrun.State{Port: 0, Previous: 52000, Lost: true}},
-		{53000, false, hookrun.State{Port: 53000, Previous: 52000}},
-	} {
-		h.want(step.port, step.lost)
-		if h.st != step.want {
-			t.Errorf("port %d lost %v: told %+v, want %+v", step.port, step.lost, h.st, step.want)
-		}
-		if got := h.s.Status().Want; got != step.want {
-			t.Errorf("port %d lost %v: the scheduler has %+v", step.port, step.lost, got)
-		}
 	}
 }

@@ -101,7 +101,7 @@ func New() *Metrics {
 		}, []string{"device", "kind"}),
 		forwardedPort: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "forwarded_port",
-			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
+			Help: "The port the VPN provider forwards to this node, by WireGuard device: 0 while port forwarding is on and no port is bound (none yet, or the port lost); no series with port forwarding off.",
 		}, []string{"device"}),
 		hookRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "port_hook_runs_total",
@@ -249,15 +249,18 @@ func (m *Metrics) SetKillSwitchDrops(n uint64) {
 	m.killSwitchDrops.Store(n)
 }
 
-// SetForwardedPort sets the port forwarded to device; port 0 (the
-// forwarding lapsed or was turned off) removes the series rather than
-// exporting a port nobody can use.
+// SetForwardedPort sets the port forwarded to device, a device with port
+// forwarding on: 0 while none is bound (none yet, or the port lost), so
+// that an alert sees "on, and no port" as a value, which an absent series
+// cannot say.
 func (m *Metrics) SetForwardedPort(device string, port int) {
-	if port <= 0 {
-		m.forwardedPort.DeleteLabelValues(device)
-		return
-	}
-	m.forwardedPort.WithLabelValues(device).Set(float64(port))
+	m.forwardedPort.WithLabelValues(device).Set(float64(max(port, 0)))
+}
+
+// ClearForwardedPort removes device's series: port forwarding turned off,
+// or the device gone.
+func (m *Metrics) ClearForwardedPort(device string) {
+	m.forwardedPort.DeleteLabelValues(device)
 }
 
 // Port hook results for PortHookRan.
