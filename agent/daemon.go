@@ -43,8 +43,12 @@ type RunOptions struct {
 	Socket string
 	// SocketGroup may read the socket (default "nodeagent").
 	SocketGroup string
-	// MetricsAddr serves Prometheus metrics on this TCP address; "" is off.
+	// MetricsAddr serves Prometheus metrics on this TCP address, with the
+	// forwarded port in gluetun's shape; "" is off.
 	MetricsAddr string
+	// MetricsAPIKeyFile, when set, holds the key (one line; root's, mode
+	// 0600 or stricter) the forwarded port's endpoints ask for.
+	MetricsAPIKeyFile string
 	// Resync is the period of the full resync (default 30s).
 	Resync time.Duration
 	// Debounce gathers a burst of triggers into one sync (default 100ms).
@@ -331,10 +335,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	if d.o.MetricsAddr != "" {
+		var key string
+		if d.o.MetricsAPIKeyFile != "" {
+			if key, err = metrics.ReadAPIKey(d.o.MetricsAPIKeyFile); err != nil {
+				return fmt.Errorf("metrics API key: %w", err)
+			}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, d.log); err != nil {
+			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, key, d.log); err != nil {
 				d.log.Error("metrics", "err", err)
 			}
 		}()

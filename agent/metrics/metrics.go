@@ -328,26 +328,36 @@ func (m *Metrics) Handler() http.Handler {
 	})
 }
 
-// Serve serves /metrics on addr (e.g. "127.0.0.1:9477") until ctx ends. The
-// daemon only calls it when given an address: the metrics are read-only and
-// secret-free (peers are named by public key), but a listener is still
-// something an operator should choose to open.
-func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) error {
+// Serve serves /metrics, and the forwarded port (PortPaths, behind
+// apiKey when it is not ""), on addr (e.g. "127.0.0.1:9477") until ctx
+// ends. The daemon only calls it when given an address: the metrics are
+// read-only and secret-free (peers are named by public key), but a
+// listener is still something an operator should choose to open.
+func (m *Metrics) Serve(ctx context.Context, addr, apiKey string, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics listener %s: %w", addr, err)
 	}
-	return m.ServeListener(ctx, l, log)
+	return m.ServeListenerKey(ctx, l, apiKey, log)
 }
 
-// ServeListener is Serve on a listener the caller opened; it closes l.
+// ServeListener is Serve on a listener the caller opened, without an API
+// key; it closes l.
 func (m *Metrics) ServeListener(ctx context.Context, l net.Listener, log *slog.Logger) error {
+	return m.ServeListenerKey(ctx, l, "", log)
+}
+
+// ServeListenerKey is Serve on a listener the caller opened; it closes l.
+func (m *Metrics) ServeListenerKey(ctx context.Context, l net.Listener, apiKey string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
-	mux.Handle("/v1/portforward", m.PortForwardHandler())
+	pf := m.PortForwardHandler(apiKey)
+	for _, p := range PortPaths {
+		mux.Handle(p, pf)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

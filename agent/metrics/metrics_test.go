@@ -333,7 +333,7 @@ func TestServe(t *testing.T) {
 }
 
 func TestServeBadAddr(t *testing.T) {
-	err := New().Serve(context.Background(), "127.0.0.1:notaport", nil)
+	err := New().Serve(context.Background(), "127.0.0.1:notaport", "", nil)
 	if err == nil || !strings.Contains(err.Error(), "metrics listener 127.0.0.1:notaport") {
 		t.Errorf("Serve(bad addr) = %v, want a wrapped listen error", err)
 	}
