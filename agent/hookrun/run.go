@@ -49,6 +49,9 @@ const (
 	// has between SIGTERM and SIGKILL: room for a hook's own clean-up on
 	// SIGTERM (a WebUI logout of a few seconds).
 	KillGrace = 5 * time.Second
+	// ReapGrace bounds the wait, after SIGKILL, for the group's members to
+	// be reaped.
+	ReapGrace = 2 * time.Second
 	// PipeGrace is how long the output is waited for once the hook itself
 	// exited: a background job that holds the pipe open is not waited for
 	// longer.
@@ -230,6 +233,13 @@ func killGroup(pgid int, exited <-chan error) error {
 	syscall.Kill(-pgid, syscall.SIGKILL)
 	if !done {
 		werr = <-exited
+	}
+	// Killed, the group's other members are reaped by whoever adopted
+	// them (init): until then they are still in the group. Returning only
+	// once they are gone lets a caller that stops say that nothing of the
+	// hook is left.
+	for end := time.Now().Add(ReapGrace); time.Now().Before(end) && syscall.Kill(-pgid, 0) == nil; {
+		time.Sleep(10 * time.Millisecond)
 	}
 	return werr
 }
