@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -232,3 +233,23 @@ func Command(ns, root, dir string, env []string, argv ...string) *exec.Cmd {
 
 // q quotes s for sh.
 func q(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// Require returns the cached root of suite with the download clients,
+// building it when missing (about two minutes, once per machine: make
+// test builds the roots before the tests, so this is for a test run on
+// its own).
+func Require(t testing.TB, suite string) string {
+	t.Helper()
+	if _, err := exec.LookPath("mmdebstrap"); err != nil && !complete(Path(Options{Suite: suite})) {
+		t.Fatalf("the %s root is not cached and mmdebstrap is missing (make test installs it and builds the roots)", suite)
+	}
+	var log strings.Builder
+	dir, err := Build(context.Background(), Options{Suite: suite, Log: &log})
+	if s := strings.TrimSpace(log.String()); s != "" {
+		t.Log(s)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
