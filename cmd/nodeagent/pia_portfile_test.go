@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,20 +27,8 @@ func TestPIATeardownRemovesPortFile(t *testing.T) {
 	l := piastub.NewLab(t, piastub.Options{}, "stub_ams")
 	l.PIA = "      portForward: true"
 	l.WriteConfig(t, "stub_ams")
-	bin := binary(t)
-	socket := filepath.Join(l.Dir, "run", "s.sock")
-	os.MkdirAll(filepath.Dir(socket), 0o755)
-	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(l.Dir, "rt_tables.conf"))
-	cmd := exec.Command("ip", "netns", "exec", l.Node.Name, bin, "run", "-c", l.Config, "--socket", socket, "--state-dir", l.StateDir)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
+	socket := labSocket(t, l)
+	cmd := runLab(t, l, socket, nil)
 	file := filepath.Join(filepath.Dir(socket), "pia", l.Dev+".port")
 	c := api.NewClient(socket)
 	port := 0
@@ -60,7 +50,7 @@ func TestPIATeardownRemovesPortFile(t *testing.T) {
 	if _, err := os.Stat(file); err != nil {
 		t.Fatalf("the port file went with the daemon's stop (%v): teardown is not what is tested", err)
 	}
-	out, err := exec.Command("ip", "netns", "exec", l.Node.Name, bin, "teardown", "--socket", socket, "--state-dir", l.StateDir).CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", l.Node.Name, binary(t), "teardown", "--socket", socket, "--state-dir", l.StateDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("teardown: %v\n%s", err, out)
 	}
@@ -81,22 +71,8 @@ func TestStopEndsAHangingHook(t *testing.T) {
 	os.WriteFile(hook, []byte("#!/bin/sh\ntrap '' TERM\nps -o pgid= $$ | tr -d ' ' > "+pgidFile+".tmp && mv "+pgidFile+".tmp "+pgidFile+"\nsleep 600 &\nwhile :; do sleep 1; done\n"), 0o755)
 	l.PIA = "      portForward:\n        enabled: true\n        onChange: [" + hook + "]\n        hookTimeout: 10m\n"
 	l.WriteConfig(t, "stub_ams")
-	bin := binary(t)
-	socket := filepath.Join(l.Dir, "run", "s.sock")
-	os.MkdirAll(filepath.Dir(socket), 0o755)
-	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(l.Dir, "rt_tables.conf"))
-	cmd := exec.Command("ip", "netns", "exec", l.Node.Name, bin, "run", "-c", l.Config, "--socket", socket, "--state-dir", l.StateDir)
-	var log strings.Builder
-	cmd.Stderr = &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
+	var log syncWriter
+	cmd := runLab(t, l, labSocket(t, l), &log)
 	var pgid int
 	for t0 := time.Now(); pgid == 0 && time.Since(t0) < 90*time.Second; time.Sleep(100 * time.Millisecond) {
 		if b, err := os.ReadFile(pgidFile); err == nil {
@@ -178,27 +154,14 @@ func TestSidecarsFollowThePort(t *testing.T) {
 	l := piastub.NewLab(t, piastub.Options{}, "stub_ams")
 	l.PIA = "      portForward: true"
 	l.WriteConfig(t, "stub_ams")
-	bin := binary(t)
-	socket := filepath.Join(l.Dir, "run", "s.sock")
-	os.MkdirAll(filepath.Dir(socket), 0o755)
-	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(l.Dir, "rt_tables.conf"))
+	socket := labSocket(t, l)
 	const listen = "10.10.50.1:9477"
 	keyFile := filepath.Join(l.Dir, "api.key")
 	const key = "gluetun-style-k3y"
 	os.WriteFile(keyFile, []byte(key+"\n"), 0o600)
 	var cmd *exec.Cmd
 	start := func(args ...string) {
-		cmd = exec.Command("ip", append([]string{"netns", "exec", l.Node.Name, bin, "run", "-c", l.Config, "--socket", socket, "--state-dir", l.StateDir, "--metrics", listen}, args...)...)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		c := cmd
-		t.Cleanup(func() {
-			if c.ProcessState == nil {
-				c.Process.Kill()
-				c.Wait()
-			}
-		})
+		cmd = runLab(t, l, socket, nil, append([]string{"--metrics", listen}, args...)...)
 	}
 	stop := func() {
 		cmd.Process.Signal(syscall.SIGTERM)
@@ -278,4 +241,51 @@ func TestSidecarsFollowThePort(t *testing.T) {
 		t.Errorf("the keyless sidecar read %d new ports from a listener that asks for a key", n-before)
 	}
 	stop()
+}
+
+// labSocket is the lab's socket path, in a directory of its own (where
+// the daemon puts pia/DEV.port too); NODEAGENT_RT_TABLES goes to the lab.
+func labSocket(t *testing.T, l *piastub.Lab) string {
+	socket := filepath.Join(l.Dir, "run", "s.sock")
+	os.MkdirAll(filepath.Dir(socket), 0o755)
+	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(l.Dir, "rt_tables.conf"))
+	return socket
+}
+
+// runLab starts `nodeagent run` on the lab in its node's namespace, with
+// stderr to stderr (when not nil) and args added; it is killed at the
+// test's end if still running.
+func runLab(t *testing.T, l *piastub.Lab, socket string, stderr io.Writer, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", l.Node.Name, binary(t), "run", "-c", l.Config, "--socket", socket, "--state-dir", l.StateDir}, args...)...)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// syncWriter is a strings.Builder for a process's output, safe to read
+// while the process writes it.
+type syncWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
