@@ -93,7 +93,9 @@ func Build(ctx context.Context, o Options) (string, error) {
 	if err := os.MkdirAll(o.CacheDir, 0o755); err != nil {
 		return "", err
 	}
-	lock, err := os.OpenFile(filepath.Join(o.CacheDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	// One lock per suite: builds of different suites may run at once
+	// (mostly downloads), two of one suite never.
+	lock, err := os.OpenFile(filepath.Join(o.CacheDir, ".lock-"+o.Suite), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return "", err
 	}
@@ -104,6 +106,12 @@ func Build(ctx context.Context, o Options) (string, error) {
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 	if complete(dst) { // built while this waited for the lock
 		return dst, nil
+	}
+	// What a killed build of this suite left (the lock is ours: none runs).
+	if old, _ := filepath.Glob(filepath.Join(o.CacheDir, ".build-"+o.Suite+"-*")); len(old) > 0 {
+		for _, d := range old {
+			os.RemoveAll(d)
+		}
 	}
 	tmp, err := os.MkdirTemp(o.CacheDir, ".build-"+o.Suite+"-")
 	if err != nil {

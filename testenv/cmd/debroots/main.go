@@ -20,15 +20,27 @@ func main() {
 	if len(suites) == 0 {
 		suites = debroot.Suites
 	}
-	status := 0
+	// The suites at once: a build is mostly downloads and unpacking.
+	type result struct {
+		suite, dir string
+		err        error
+	}
+	results := make(chan result, len(suites))
 	for _, s := range suites {
-		dir, err := debroot.Build(context.Background(), debroot.Options{Suite: s, CacheDir: *cache})
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "debroots: %v\n", err)
+		go func() {
+			dir, err := debroot.Build(context.Background(), debroot.Options{Suite: s, CacheDir: *cache})
+			results <- result{s, dir, err}
+		}()
+	}
+	status := 0
+	for range suites {
+		r := <-results
+		if r.err != nil {
+			fmt.Fprintf(os.Stderr, "debroots: %v\n", r.err)
 			status = 1
 			continue
 		}
-		fmt.Printf("%s %s\n", s, dir)
+		fmt.Printf("%s %s\n", r.suite, r.dir)
 	}
 	os.Exit(status)
 }
