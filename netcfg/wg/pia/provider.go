@@ -290,6 +290,12 @@ type Provider struct {
 	pfErr    string
 	pfTried  bool // a new signature was tried after a failed bind
 	pfN      int  // consecutive port-forwarding failures
+	// pfTrouble is when the first port-forwarding call failed since the
+	// last good bind (zero: none did); sickSince when the tunnel was last
+	// seen going unhealthy (zero while healthy). PortTroubleSince reads
+	// them.
+	pfTrouble time.Time
+	sickSince time.Time
 	// DNS: the resolver found answering, and when to look again.
 	dnsActive netip.Addr
 	dnsBusy   bool
@@ -345,7 +351,10 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 		// Bound again from the saved payload, without a new signature;
 		// the port stays published, and onChange is not run again.
 		p.sig, p.port, p.notified = pf.Sig, pf.Port, pf.Notified
+		p.bound, p.pfTrouble = pf.LastBind, pf.FailingSince
 	}
+	// Not healthy until a handshake is seen: as if it went down now.
+	p.sickSince = p.now()
 	if r := b.Saved.Reg; r != nil && r.PublicKey == b.Key.PublicKey().String() && p.regionAllows(r.Region) && p.adoptable(r) {
 		// Re-adopt: the device runs with this registration (or will, once
 		// configured); the handshake says whether it is alive.
@@ -478,6 +487,7 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 	}
 	wasHealthy := p.healthy
 	defer func() {
+		p.noteHealth(now)
 		if p.healthy != wasHealthy {
 			changed = true
 			if p.healthy {
@@ -655,6 +665,7 @@ func (p *Provider) fail(now time.Time, reason string, serverFault bool) {
 	wasHealthy := p.healthy && serverFault
 	if serverFault {
 		p.healthy = false
+		p.noteHealth(now)
 		p.needReg, p.configured, p.probeFails = true, time.Time{}, 0
 		if s, ok := p.server(); ok {
 			p.fails[s.CN]++
@@ -1114,7 +1125,7 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 func (p *Provider) save() {
 	v := Saved{Token: p.token, TokenAt: p.tokenAt, Reg: p.reg}
 	if p.sig != nil || p.port != 0 {
-		v.PF = &SavedPF{Sig: p.sig, Port: p.port, Notified: p.notified}
+		v.PF = &SavedPF{Sig: p.sig, Port: p.port, Notified: p.notified, LastBind: p.bound, FailingSince: p.pfTrouble}
 	}
 	if err := p.cfg.Store.Save(p.cfg.Device, v); err != nil {
 		p.log.Warn("saving the registration", "err", err)
@@ -1146,6 +1157,9 @@ type Status struct {
 	PortExpires time.Time
 	LastBind    time.Time
 	PortError   string
+	// PortTroubleSince is when the port stopped being kept bound
+	// (PortTroubleSince); zero while it is, or without a port.
+	PortTroubleSince time.Time
 	// DNS is the resolver the DNS redirect sends to.
 	DNS netip.Addr
 }
@@ -1176,6 +1190,7 @@ func (p *Provider) Status() Status {
 		s.RetryAt = p.retryAt
 	}
 	s.Port, s.LastBind, s.PortError = p.port, p.bound, p.pfErr
+	s.PortTroubleSince = p.PortTroubleSince(p.now())
 	if p.sig != nil && p.sig.Port == p.port {
 		s.PortExpires = p.sig.Expires
 	}
