@@ -298,7 +298,13 @@ func nftFromConfig(c config.Firewall) (nft.Desired, error) {
 	}
 	for i, k := range c.KillSwitch {
 		if p, ok := prefix(fmt.Sprintf("firewall.killSwitch[%d].from", i), k.From); ok {
-			d.KillSwitch = append(d.KillSwitch, nft.KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)})
+			ks := nft.KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)}
+			for j, s := range k.AllowTo {
+				if q, ok := prefix(fmt.Sprintf("firewall.killSwitch[%d].allowTo[%d]", i, j), s); ok {
+					ks.AllowTo = append(ks.AllowTo, q)
+				}
+			}
+			d.KillSwitch = append(d.KillSwitch, ks)
 		}
 	}
 	d.MSSClamp = slices.Clone(c.MSSClamp)
