@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/arp"
+	"github.com/nodeagent/nodeagent/netcfg/clients"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
@@ -333,6 +334,7 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 		impl = wg.ImplAuto
 	}
 	dev := wg.Device{Name: w.Name, Impl: impl, ListenPort: w.ListenPort, FwMark: w.FwMark, MTU: w.MTU, Adopt: w.Adopt}
+	now := time.Now()
 	for _, s := range w.Addresses {
 		if p, err := netip.ParsePrefix(s); err == nil {
 			dev.Addrs = append(dev.Addrs, p)
@@ -382,6 +384,12 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 				continue
 			}
 			p.Source = rp.File
+			if life := clients.LifeOf(rp.Peer, now); life.Held() {
+				dev.Held = append(dev.Held, heldPeer(p, life))
+				continue
+			} else {
+				p.Expires = life.Expires
+			}
 			dev.Peers = append(dev.Peers, p)
 			dev.Stage.Add(p)
 		}
