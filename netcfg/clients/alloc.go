@@ -51,7 +51,7 @@ func Allocate(dev Device, used []netip.Prefix, via string, want []netip.Addr) ([
 				vias = append(vias, p.Via)
 			}
 			if len(vias) == 0 {
-				return nil, fmt.Errorf("%s has no clients.egress pool, so no client of it leaves by %s (nodeagent.yaml(5), CLIENTS)", dev.Name, via)
+				return nil, fmt.Errorf("%s has no clients.egress pool, so no client of it leaves by %s (see clients.egress in nodeagent.yaml(5))", dev.Name, via)
 			}
 			return nil, fmt.Errorf("%s has no clients.egress pool via %s (its pools leave by %s)", dev.Name, via, strings.Join(vias, ", "))
 		}

@@ -177,7 +177,7 @@ type WireGuard struct {
 	// PIA makes the device a Private Internet Access tunnel. Default: none.
 	PIA *PIA `yaml:"pia"`
 	// Clients is what `nodeagentctl peer add` writes into the clients'
-	// wg-quick configs (netcfg/clients): where they dial, what they route
+	// wg-quick configs: where they dial, what they route
 	// into the tunnel, their DNS, and the pools whose internet leaves by
 	// another device. Needs addresses and peersDir. Default: none, and
 	// peer add refuses the device.
