@@ -364,3 +364,115 @@ func TestPeerAddQRCode(t *testing.T) {
 		t.Errorf("temp's file: %v", err)
 	}
 }
+
+// TestPeerAddConcurrent is issue 43's acceptance 2: 50 peer adds, 10 in
+// a row in each of 5 shells running at once (nodeagentctl processes),
+// give 50 distinct addresses and 50 files, no address held twice in the
+// register or the device, and every client handshakes with the node; a
+// sixth shell adding a name in use meanwhile fails, naming it.
+func TestPeerAddConcurrent(t *testing.T) {
+	l := newClientLab(t)
+	l.start(t, time.Hour)
+	if code, out := l.ctl("peer", "add", "phone"); code != 0 {
+		t.Fatalf("peer add phone: %s", out)
+	}
+	outDir := t.TempDir()
+	self, _ := os.Executable()
+	script := `for i in $(seq "$1" 5 50); do "$2" --socket "$3" peer add "c$i" >"$4/c$i.conf" 2>"$4/c$i.err" || echo "c$i failed: $(cat "$4/c$i.err")"; done`
+	var wg sync.WaitGroup
+	fails := make([]string, 6)
+	start := time.Now()
+	for k := 1; k <= 6; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command("bash", "-c", script, "bash", strconv.Itoa(k), self, l.socket, outDir)
+			if k == 6 {
+				cmd = exec.Command("bash", "-c", `sleep 0.5; "$1" --socket "$2" peer add phone`, "bash", self, l.socket)
+			}
+			cmd.Env = append(os.Environ(), asCtl+"=1")
+			out, err := cmd.CombinedOutput()
+			fails[k-1] = string(out)
+			if k == 6 {
+				fails[5] = fmt.Sprintf("exit %v: %s", err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for _, f := range fails[:5] {
+		if f != "" {
+			t.Errorf("a shell: %s", f)
+		}
+	}
+	if !strings.Contains(fails[5], "exit status 1") || !strings.Contains(fails[5], "the name phone is in use") {
+		t.Errorf("the sixth shell, adding phone again: %s", fails[5])
+	}
+	t.Logf("50 adds in 5 shells took %s; the sixth shell said: %s", took.Round(time.Millisecond), strings.TrimSpace(fails[5]))
+
+	addrRE := regexp.MustCompile(`(?m)^Address = (\S+)$`)
+	addrs := map[string]string{}
+	var confs []string
+	for i := 1; i <= 50; i++ {
+		b, _ := os.ReadFile(filepath.Join(outDir, fmt.Sprintf("c%d.conf", i)))
+		m := addrRE.FindStringSubmatch(string(b))
+		if m == nil {
+			t.Fatalf("c%d's config:\n%s", i, b)
+		}
+		if other, dup := addrs[m[1]]; dup {
+			t.Errorf("c%d and %s both got %s", i, other, m[1])
+		}
+		addrs[m[1]] = fmt.Sprintf("c%d", i)
+		confs = append(confs, string(b))
+	}
+	files, _ := filepath.Glob(filepath.Join(l.peers, "c*.yaml"))
+	allowed := l.node.Exec(t, "wg", "show", l.dev, "allowed-ips")
+	seen := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(allowed), "\n") {
+		for _, f := range strings.Fields(line)[1:] { // the key, then its allowed IPs
+			seen[f]++
+		}
+	}
+	for a, n := range seen {
+		if n > 1 {
+			t.Errorf("%s is allowed for %d peers", a, n)
+		}
+	}
+	t.Logf("%d distinct addresses, %d files, %d allowed IPs in the device, each once (50 clients and phone)", len(addrs), len(files), len(seen))
+	if len(addrs) != 50 || len(files) != 50 || len(seen) != 51 {
+		t.Errorf("%d distinct addresses, %d files, %d allowed IPs in the device (want 50, 50, 51)", len(addrs), len(files), len(seen))
+	}
+
+	// Every client handshakes: 50 WireGuard devices (wireguard-go in this
+	// process) in the client namespace, each with its config's key.
+	keyDir := t.TempDir()
+	var yaml strings.Builder
+	yaml.WriteString("wireguard:\n")
+	suffix := strings.TrimPrefix(l.client.Name, "na-test-")[:6]
+	for i, c := range confs {
+		kf := filepath.Join(keyDir, fmt.Sprintf("c%d.key", i))
+		os.WriteFile(kf, []byte(privateKeyRE.FindStringSubmatch(c)[1]+"\n"), 0o600)
+		server := regexp.MustCompile(`(?m)^PublicKey = (\S+)$`).FindStringSubmatch(c)[1]
+		fmt.Fprintf(&yaml, "  - {name: c%02d%s, implementation: userspace, privateKeyFile: %s, addresses: [%s],\n     peers: [{publicKey: %s, endpoint: \"203.0.113.1:51820\", allowedIPs: [10.90.0.1/32], persistentKeepalive: 1}]}\n",
+			i, suffix, kf, addrRE.FindStringSubmatch(c)[1], server)
+	}
+	syncClients(t, l.client, yaml.String())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		hs := l.node.Exec(t, "wg", "show", l.dev, "latest-handshakes")
+		n := 0
+		for _, line := range strings.Split(strings.TrimSpace(hs), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[1] != "0" {
+				n++
+			}
+		}
+		if n >= 50 {
+			t.Logf("%d of the node's 51 peers have handshaken", n)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 50 clients handshook", n)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
