@@ -34,8 +34,8 @@ type clientLab struct {
 	// etc stands in for /etc/nodeagent (the config, the key, peers.d),
 	// run for /run/nodeagent (the socket), state for /var/lib/nodeagent.
 	etc, run, state, peers string
-	cfg, socket, dev      string
-	ctl                   func(args ...string) (int, string)
+	cfg, socket, dev       string
+	ctl                    func(args ...string) (int, string)
 	// wgGo is the wireguard-go wg-quick falls back to.
 	wgGo string
 }
