@@ -93,21 +93,12 @@ checks: {gatewayARP: false}
 // resyncing every resync, and waits until it is ready.
 func (l *clientLab) start(t *testing.T, resync time.Duration) (*agent.Daemon, func()) {
 	t.Helper()
-	d, err := agent.NewDaemon(agent.RunOptions{
+	d, stop := runDaemon(t, agent.RunOptions{
 		Options: agent.Options{Config: l.cfg, TablesFile: filepath.Join(l.run, "rt.conf"), StateDir: l.state, PortDir: filepath.Join(l.run, "pia")},
 		Socket:  l.socket, SocketGroup: "nogroup", Host: l.node.Host, Resync: resync,
 		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Hazards: hazard.Paths{Root: t.TempDir()},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
 	if code, out := l.ctl("wait", "--for=ready", "--timeout=30s"); code != 0 {
 		t.Fatalf("daemon not ready: %s", out)
 	}

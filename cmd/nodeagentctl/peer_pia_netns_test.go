@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,20 +52,13 @@ func TestPeerViaPIA(t *testing.T) {
 	os.Chmod(run, 0o755)
 	cl.socket = filepath.Join(run, "nodeagent.sock")
 	cl.ctl = ctlAt(cl.socket)
-	d, err := agent.NewDaemon(agent.RunOptions{
+	d, _ := runDaemon(t, agent.RunOptions{
 		Options: agent.Options{Config: l.Config, TablesFile: filepath.Join(run, "rt.conf"), StateDir: l.StateDir, PortDir: filepath.Join(run, "pia")},
 		Socket:  cl.socket, SocketGroup: "nogroup", Host: l.Node.Host, Resync: time.Hour,
 		PIATimers: pia.Timers{HandshakeWait: 4 * time.Second, BackoffMin: 300 * time.Millisecond, BackoffMax: 3 * time.Second},
 		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Hazards:   hazard.Paths{Root: t.TempDir()},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 	tunnel := func() api.PIATunnel {
 		for _, p := range d.Status().PIA {
 			return p
