@@ -5,9 +5,12 @@
 //
 //   - The socket file gates who can connect at all: mode 0660, group
 //     nodeagent (root only, 0600, when that group does not exist).
-//   - Anyone who can connect may read. Writes (POST /v1/reload) need the
-//     peer to be uid 0, taken from the kernel (SO_PEERCRED) at accept time,
-//     not from anything the client says.
+//   - Anyone who can connect may read, and add, disable, enable or remove
+//     a remote-access client (POST /v1/peers/*: a register file of public
+//     keys, what the group exists to manage). Other writes (POST
+//     /v1/reload, /v1/port/retry) need the peer to be uid 0, taken from
+//     the kernel (SO_PEERCRED) at accept time, not from anything the
+//     client says.
 //   - Requests that carry Origin, Referer or Sec-Fetch-* headers are
 //     refused. Only browsers send those, and a browser must never be able to
 //     drive the daemon, whether through a local TCP-to-unix proxy, DNS
