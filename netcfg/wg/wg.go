@@ -115,6 +115,10 @@ type Device struct {
 	// KeyFiles are the key files the device was built from (its private
 	// key, its peers' preshared keys), so the daemon can watch them.
 	KeyFiles []string
+	// Held are the peers of the config and the register kept out of the
+	// device (disabled, or expired), for status; nothing is planned for
+	// them but their absence.
+	Held []HeldPeer
 	// Stage is the staging device filled with Peers while they were read
 	// (Stager), which the sync that creates the device takes if it holds
 	// exactly what the creation writes; nil for none.
@@ -139,6 +143,21 @@ type Peer struct {
 	// Source is the register file the peer came from ("" for a peer of
 	// the config itself).
 	Source string
+	// Expires is when the peer leaves the device (zero: never): from
+	// then on it is held (netcfg's Desired.At).
+	Expires time.Time
+}
+
+// HeldPeer is a peer kept out of its device: disabled in its file, or
+// expired. Its file keeps it; status lists it with the reason.
+type HeldPeer struct {
+	PublicKey wgtypes.Key
+	Name      string
+	Source    string
+	// State is "disabled" or "expired"; Reason says so for people.
+	State, Reason string
+	Expires       time.Time
+	AllowedIPs    []netip.Prefix
 }
 
 // Desired is the whole desired state of this subsystem.
