@@ -105,6 +105,11 @@ type builder struct {
 	used    map[string]bool
 	wgUnits []string
 	tables  map[int]bool
+	// scope is the policy routing that is the old setup's (scope.go).
+	scope scope
+	// foreign are the comment lines for what is another's: rules, tables
+	// and routes the import leaves alone.
+	foreign []string
 }
 
 // Build turns a Snapshot into a config that adopts what the node has. It
@@ -146,6 +151,7 @@ func Build(s Snapshot, o Options) (Result, error) {
 	out.WriteString("# steps `nodeagent import` printed.\n")
 	vlans, macvlans := b.buildLinks()
 	wgs := b.buildWireGuard()
+	b.scope = b.buildScope()
 	rules := b.buildRules()
 	tables := b.buildTables()
 	mainRoutes := b.mainRoutes()
@@ -174,8 +180,10 @@ func Build(s Snapshot, o Options) (Result, error) {
 			writeIndented(&out, rules, "    ")
 		}
 		writeIndented(&out, mainRoutes, "  ")
+		b.writeForeign(&out, "  ")
 	} else {
 		writeIndented(&out, mainRoutes, "")
+		b.writeForeign(&out, "")
 	}
 	b.writeFirewall(&out)
 
@@ -845,6 +853,19 @@ func (b *builder) routeTables() []int {
 	return out
 }
 
+// allTables are the ids of every table with a route but main, default
+// and local, the kernel's routes counted: Cilium's, say, are of protocol
+// kernel.
+func (b *builder) allTables() []int {
+	ids := map[int]bool{}
+	for _, r := range b.s.Routes {
+		if reservedTableNames[r.Table] == "" && r.Table != 0 {
+			ids[r.Table] = true
+		}
+	}
+	return sortedInts(ids)
+}
+
 var tableNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 // tableName is the config's name for table id, from rt_tables, or "": a
@@ -874,10 +895,16 @@ func isDefaultRule(r Rule) bool {
 
 // buildRules renders the rules and records the tables they look up.
 func (b *builder) buildRules() []string {
-	if !b.selected("rules") {
-		return nil
+	var rules []Rule
+	for i, r := range b.s.Rules {
+		switch {
+		case isDefaultRule(r):
+		case b.scope.rules[i]:
+			rules = append(rules, r)
+		default:
+			b.foreignRule(r)
+		}
 	}
-	rules := slices.Clone(b.s.Rules)
 	slices.SortStableFunc(rules, func(x, y Rule) int {
 		return cmp.Or(cmp.Compare(x.Priority, y.Priority), strings.Compare(x.Family, y.Family))
 	})
@@ -1003,7 +1030,10 @@ func ruleText(r Rule) string {
 		w = append(w, "oif", r.OIF)
 	}
 	if r.Action == "table" {
-		w = append(w, "lookup", strconv.Itoa(r.Table))
+		w = append(w, "lookup", cmp.Or(reservedTableNames[r.Table], strconv.Itoa(r.Table)))
+		if r.SuppressPrefixLength != nil {
+			w = append(w, "suppress_prefixlength", strconv.Itoa(*r.SuppressPrefixLength))
+		}
 	} else {
 		w = append(w, r.Action)
 	}
@@ -1024,6 +1054,9 @@ func routeText(r Route) string {
 		}
 	}
 	w = append(w, to)
+	if r.From != "" {
+		w = append(w, "from", r.From)
+	}
 	if r.Via != "" {
 		w = append(w, "via", r.Via)
 	}
@@ -1047,9 +1080,13 @@ func routeText(r Route) string {
 // buildTables renders routing.tables: the selected tables with routes,
 // and the tables imported rules look up.
 func (b *builder) buildTables() []string {
-	for _, id := range b.routeTables() {
-		if b.selected(strconv.Itoa(id), b.s.TableNames[id]) {
+	imported := b.routeTables()
+	for _, id := range b.allTables() {
+		switch {
+		case b.scope.tables[id] && slices.Contains(imported, id):
 			b.tables[id] = true
+		case !b.scope.tables[id]:
+			b.foreignTable(id)
 		}
 	}
 	var lines []string
@@ -1124,6 +1161,10 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 	seen := map[key]bool{}
 	for _, r := range rs {
 		switch {
+		case r.From != "":
+			b.notes = append(b.notes, fmt.Sprintf("table %d: %s is source-specific (from %s), which nodeagent's routes cannot say: not imported, left as it is, and nodeagent's own routes never replace it", id, routeText(r), r.From))
+			comments = append(comments, "# not imported: "+routeText(r)+"; a source-specific route (from), which nodeagent's routes cannot say: left as it is, never replaced")
+			continue
 		case r.Protocol == protoKernel:
 			continue
 		case r.Multipath:

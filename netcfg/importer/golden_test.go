@@ -222,8 +222,14 @@ func TestFixedPoint(t *testing.T) {
 					s.Links[i].Alias = "nodeagent"
 				}
 			}
+			// The rules the config declares are nodeagent's now; the
+			// others (another daemon's) are as they were.
+			declared := map[int]bool{}
+			for _, r := range cfg.Routing.Rules {
+				declared[r.Priority] = true
+			}
 			for i, r := range s.Rules {
-				if !isDefaultRule(r) {
+				if !isDefaultRule(r) && declared[r.Priority] {
 					s.Rules[i].Protocol = 147
 				}
 			}

@@ -136,10 +136,13 @@ type Rule struct {
 type Route struct {
 	Table int `json:"table"`
 	// To is a prefix, 0.0.0.0/0 or ::/0 for a default route.
-	To  string `json:"to"`
-	Via string `json:"via,omitempty"`
-	Dev string `json:"dev,omitempty"`
-	Src string `json:"src,omitempty"`
+	To string `json:"to"`
+	// From is an IPv6 source-specific route's source prefix (`ip -6 route
+	// add ... from P`), "" for none: such a route is never imported.
+	From string `json:"from,omitempty"`
+	Via  string `json:"via,omitempty"`
+	Dev  string `json:"dev,omitempty"`
+	Src  string `json:"src,omitempty"`
 	// Metric is the route's priority (IPv6's default 1024 as the kernel
 	// reports it).
 	Metric int `json:"metric,omitempty"`
