@@ -55,8 +55,12 @@ type Result struct {
 	// none when nothing was found to import.
 	Steps []string
 	// Notes are what the operator should know: what was not imported or
-	// could not be read.
+	// could not be read. They never quote a hook line or a secret.
 	Notes []string
+	// Private is the notes file's text (notesName, written 0600): what the
+	// config and the notes must not quote, such as hook lines, which may
+	// carry a token or a password; "" when there is none.
+	Private string
 }
 
 // maxProblemNotes bounds the notes listing what could not be read.
@@ -110,6 +114,11 @@ type builder struct {
 	// foreign are the comment lines for what is another's: rules, tables
 	// and routes the import leaves alone.
 	foreign []string
+	// private are the notes file's entries (notesName): what may hold a
+	// secret, such as hook lines, root's only.
+	private []string
+	// unrun are the hooks nodeagent does not do, where each is.
+	unrun []string
 }
 
 // Build turns a Snapshot into a config that adopts what the node has. It
@@ -207,7 +216,12 @@ func Build(s Snapshot, o Options) (Result, error) {
 	if !nothing {
 		steps = b.steps()
 	}
-	return Result{Config: cfg, Files: b.files, Steps: steps, Notes: b.notes}, nil
+	var private string
+	if len(b.private) > 0 {
+		private = "# nodeagent import: what the config does not quote because it may hold a secret.\n" +
+			"# Root's only (0600): the wg-quick hook lines, as written.\n\n" + strings.Join(b.private, "\n") + "\n"
+	}
+	return Result{Config: cfg, Files: b.files, Steps: steps, Notes: b.notes, Private: private}, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -491,6 +505,14 @@ func (b *builder) buildWireGuard() []string {
 		if !b.selected(name) {
 			continue
 		}
+		_, inKernel := b.links[name]
+		if !inKernel && !slices.Contains(b.s.WGQuickUnits, name) && !b.only[name] {
+			// A file left behind: nothing brings it up at boot. Taking it
+			// would make a new device on the first sync, not adopt one.
+			lines = append(lines, fmt.Sprintf("# /etc/wireguard/%s.conf: not up, and wg-quick@%s is not enabled: not imported (a file left", name, name),
+				fmt.Sprintf("# behind? importing it would make a new device); --only %s imports it", name))
+			continue
+		}
 		lines = append(lines, b.wireguard(name, devs)...)
 	}
 	return lines
@@ -519,10 +541,11 @@ func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
 		key, port, mark, peers = dev.PrivateKey, dev.ListenPort, dev.FwMark, dev.Peers
 		mtu = link.MTU
 		addrs, addrComments = b.takeAddrs("wireguard "+name, link.Addresses)
-		if hasFile && wq.ListenPort == 0 {
-			// wg-quick left the port to the kernel, which picks one at
-			// random each time: so does nodeagent without listenPort.
-			port = 0
+		if hasFile && wq.ListenPort == 0 && port != 0 {
+			// wg-quick left the port to the kernel, which picked this
+			// one: peers that know it reach it there, after a reboot too.
+			pre = append(pre, fmt.Sprintf("# /etc/wireguard/%s.conf has no ListenPort: the kernel picked %d, kept so that", name, port),
+				"# peers that reach it there still do (without listenPort each start picks another)")
 		}
 	case inKernel:
 		return []string{fmt.Sprintf("# WireGuard device %s not imported: its keys and peers could not be read (run nodeagent import as root)", name)}
@@ -593,13 +616,26 @@ func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
 	}
 	if len(peers) > 0 {
 		lines = append(lines, "  peersDir: "+scalar(path.Join(root, "peers", name)))
-		lines = append(lines, b.peerFiles(name, peers, wq, hasFile)...)
+		lines = append(lines, b.peerFiles(name, peers, wq, hasFile, !hasFile && listens(peers))...)
 	}
 	lines = append(lines, "  adopt: true")
 	if hasFile {
 		lines = append(lines, b.wgQuickExtras(name, wq)...)
 	}
 	return lines
+}
+
+// listens reports whether a device known only from the kernel (no
+// wg-quick file says what was configured) is a server, whose peers come to
+// it: anything but one peer that it keeps alive or sends everything to,
+// which is a client of that peer.
+func listens(peers []WGPeer) bool {
+	if len(peers) != 1 {
+		return true
+	}
+	p := peers[0]
+	full := slices.Contains(p.AllowedIPs, "0.0.0.0/0") || slices.Contains(p.AllowedIPs, "::/0")
+	return p.PersistentKeepalive == 0 && !full
 }
 
 var nameRE = regexp.MustCompile(`[^a-z0-9_-]+`)
@@ -626,7 +662,7 @@ func keyName(key string, n int) string {
 // for the entry. A peer without a preshared key is a wg-quick [Peer]
 // stanza (NAME.conf); one with a key is YAML (NAME.yaml) naming the key's
 // file, so that the key sits in a file of its own, readable by root only.
-func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile bool) []string {
+func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile, server bool) []string {
 	hints := map[string]WGPeer{}
 	for _, p := range wq.Peers {
 		hints[p.PublicKey] = p
@@ -654,14 +690,19 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 	}
 	slices.SortFunc(all, func(x, y named) int { return strings.Compare(x.name, y.name) })
 	var comments []string
-	kernelEndpoints := 0
+	kernelEndpoints, roaming := 0, 0
 	for _, x := range all {
 		p := x.p
-		if hasFile {
-			// The file's endpoint: the kernel's is where the peer was
-			// last seen, a roaming client's address.
+		switch {
+		case hasFile:
+			// The file's endpoint, where it states one: the kernel's is
+			// where the peer was last seen, a roaming client's address,
+			// which a configured endpoint would pin it to.
 			p.Endpoint = hints[p.PublicKey].Endpoint
-		} else if p.Endpoint != "" {
+		case server && p.Endpoint != "":
+			p.Endpoint = ""
+			roaming++
+		case p.Endpoint != "":
 			kernelEndpoints++
 		}
 		allowed := slices.Clone(p.AllowedIPs)
@@ -683,7 +724,9 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 			b.files = append(b.files, File{Path: path.Join(dir, x.name+".conf"), Data: []byte(t.String()), Mode: 0o644})
 			continue
 		}
-		pskRel := path.Join("keys", dev+"-"+x.name+".psk")
+		// A directory per device: wg0 with peer a-b and wg0-a with peer b
+		// would share keys/wg0-a-b.psk.
+		pskRel := path.Join("keys", dev, x.name+".psk")
 		b.files = append(b.files, File{Path: pskRel, Data: []byte(p.PresharedKey + "\n"), Mode: 0o600})
 		var t strings.Builder
 		fmt.Fprintf(&t, "publicKey: %s\n", scalar(p.PublicKey))
@@ -700,6 +743,11 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 		b.files = append(b.files, File{Path: path.Join(dir, x.name+".yaml"), Data: []byte(t.String()), Mode: 0o644})
 	}
 	comments = append(comments, fmt.Sprintf("  # %d peer(s), one file each in peersDir", len(all)))
+	if roaming > 0 {
+		comments = append(comments, fmt.Sprintf("  # no wg-quick file states an endpoint, and %s listens for its peers: the %d endpoint(s) the", dev, roaming),
+			"  # kernel holds (where each was last seen) are not imported, so every client keeps roaming")
+		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) the kernel holds are not imported: no file states them and %s is a server, whose clients roam (a configured endpoint would pin each to its last address)", dev, roaming, dev))
+	}
 	if kernelEndpoints > 0 {
 		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) come from the kernel, which holds where a peer was last seen: check them in %s", dev, kernelEndpoints, path.Join(b.o.Root, "peers", dev)))
 	}
@@ -731,8 +779,10 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 		}
 		if fullTunnel(wq.Peers) {
 			add("a peer allows a default route: wg-quick routed everything through %s with its fwmark, a table", name)
-			add("of its own and rules (imported above from the kernel, with fwMark), and its own nftables table")
-			add("wg-quick-%s, which is not imported (nodeagent's firewall.killSwitch confines forwarded traffic)", name)
+			add("of its own and rules (imported above from the kernel, with fwMark), and an nftables table")
+			add("wg-quick-%s, not imported: it drops packets for %s's addresses that come in by another", name, name)
+			add("interface and carries the fwmark through conntrack. It is no kill switch: nothing in it stops")
+			add("traffic leaving by another interface while %s is down (nodeagent's firewall.killSwitch does)", name)
 		}
 		if len(routes) > 0 {
 			b.notes = append(b.notes, fmt.Sprintf("%s: wg-quick's main-table routes (%d) stay until the reboot and are not made again by nodeagent; see the comment at wireguard %s", name, len(routes), name))
@@ -746,29 +796,31 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 	if wq.SaveConfig {
 		add("wg-quick SaveConfig = true: nodeagent never writes /etc/wireguard/%s.conf; peers live in peersDir", name)
 	}
+	// The hooks' text is never in the config, which is 0644 and copied
+	// around: a hook may carry a token or a password. The config says what
+	// each did; the lines themselves go to the notes file, root's only.
 	down := false
-	for _, h := range wq.Hooks {
+	for i, h := range wq.Hooks {
 		cmd := strings.ReplaceAll(h.Command, "%i", name)
+		where := fmt.Sprintf("%s's %s (hook %d of /etc/wireguard/%s.conf)", name, h.When, i+1, name)
+		b.private = append(b.private, fmt.Sprintf("%s:\n  %s = %s", where, h.When, h.Command))
 		r := parseHook(cmd)
 		if h.When == "PreDown" || h.When == "PostDown" {
 			if len(r.masq)+len(r.forward)+len(r.sysctls) > 0 || (len(r.other) == 0 && cmd != "") {
 				down = true
 			}
 			for _, o := range r.other {
-				add("not imported: %s = %s", h.When, redact(o))
+				b.unrun = append(b.unrun, where)
+				add("%s: %s (the line is in %s)", where, commandKind(o), notesName)
 			}
 			continue
 		}
-		if len(r.masq)+len(r.forward) > 0 {
-			// The line itself, so the operator can find it in the file.
-			add("%s = %s", h.When, redact(cmd))
-		}
 		for _, m := range r.masq {
-			add("  masquerades %s out %s: see firewall.masquerade at the end", m.from, m.out)
+			add("%s masquerades %s out %s: see firewall.masquerade at the end", where, m.from, m.out)
 			b.addMasq(m)
 		}
 		for _, f := range r.forward {
-			add("  accepts forwarding in %s out %s: see firewall.forward at the end", f.in, f.out)
+			add("%s accepts forwarding in %s out %s: see firewall.forward at the end", where, f.in, f.out)
 			b.addForward(f)
 		}
 		for _, kv := range r.sysctls {
@@ -776,10 +828,11 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 				b.sysctls[kv[0]] = kv[1]
 				b.sysctlWhy[kv[0]] = fmt.Sprintf("from %s's %s (wg-quick)", name, h.When)
 			}
-			add("%s sets %s=%s: see sysctls", h.When, kv[0], kv[1])
+			add("%s sets %s=%s: see sysctls", where, kv[0], kv[1])
 		}
 		for _, o := range r.other {
-			add("not imported: %s = %s", h.When, redact(o))
+			b.unrun = append(b.unrun, where)
+			add("%s: %s (the line is in %s)", where, commandKind(o), notesName)
 		}
 	}
 	if down {
@@ -825,15 +878,58 @@ func (b *builder) writeFirewall(out *strings.Builder) {
 	if len(b.masq) > 0 {
 		out.WriteString("#   masquerade:\n")
 		for _, m := range b.masq {
-			fmt.Fprintf(out, "#     - %s\n", flow("from", scalar(m.from), "out", scalar(m.out)))
+			name, wild := strings.CutSuffix(m.out, "+")
+			if !wild {
+				fmt.Fprintf(out, "#     - %s\n", flow("from", scalar(m.from), "out", scalar(m.out)))
+				continue
+			}
+			// iptables' -o eth+ is every interface whose name starts with
+			// eth; nodeagent's out is one interface, compared byte for
+			// byte (an eth+ would never match): the node's such links,
+			// one entry each.
+			links := b.expandWild(m.out)
+			fmt.Fprintf(out, "#     # -o %s is every interface whose name starts with %s; nodeagent's out names one:\n", m.out, name)
+			if len(links) == 0 {
+				fmt.Fprintf(out, "#     # this node has none now: add an entry for each that comes\n")
+				continue
+			}
+			fmt.Fprintf(out, "#     # the ones this node has now (one that comes later needs an entry of its own)\n")
+			for _, l := range links {
+				fmt.Fprintf(out, "#     - %s\n", flow("from", scalar(m.from), "out", scalar(l)))
+			}
 		}
 	}
 	if len(b.forward) > 0 {
 		out.WriteString("#   forward:\n")
 		for _, f := range b.forward {
-			fmt.Fprintf(out, "#     - %s\n", flow("in", scalar(f.in), "out", scalar(f.out)))
+			ins, outs := b.expandWild(f.in), b.expandWild(f.out)
+			if strings.HasSuffix(f.in, "+") || strings.HasSuffix(f.out, "+") {
+				fmt.Fprintf(out, "#     # -i %s -o %s: a name ending in + is every interface it starts; nodeagent's names one: the node's now\n", f.in, f.out)
+			}
+			for _, i := range ins {
+				for _, o := range outs {
+					fmt.Fprintf(out, "#     - %s\n", flow("in", scalar(i), "out", scalar(o)))
+				}
+			}
 		}
 	}
+}
+
+// expandWild is an iptables interface name as the config's names: itself,
+// or for one ending in + (every interface whose name starts with the
+// rest) the node's links that do.
+func (b *builder) expandWild(name string) []string {
+	prefix, wild := strings.CutSuffix(name, "+")
+	if !wild {
+		return []string{name}
+	}
+	var out []string
+	for _, l := range b.s.Links {
+		if strings.HasPrefix(l.Name, prefix) {
+			out = append(out, l.Name)
+		}
+	}
+	return out
 }
 
 // routeTables are the ids of the tables whose routes are imported: not
@@ -1345,6 +1441,10 @@ func (b *builder) steps() []string {
 	}
 	if len(b.masq)+len(b.forward) > 0 {
 		st = append(st, fmt.Sprintf("edit %s: uncomment the firewall section (wg-quick's hooks no longer run after the reboot)", path.Join(root, "nodeagent.yaml")))
+	}
+	if len(b.unrun) > 0 {
+		st = append(st, fmt.Sprintf("read %s (root's only): %d hook command(s) nodeagent does not run (%s); do what they did some other way, or nothing does after the reboot",
+			path.Join(b.o.Out, notesName), len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; ")))
 	}
 	st = append(st,
 		"systemctl enable --now nodeagent",

@@ -47,6 +47,11 @@ func WriteOut(dir string, r Result) error {
 	if err := create(filepath.Join(dir, ConfigName), r.Config, 0o644); err != nil {
 		return err
 	}
+	if r.Private != "" {
+		if err := create(filepath.Join(dir, notesName), []byte(r.Private), 0o600); err != nil {
+			return err
+		}
+	}
 	for _, f := range r.Files {
 		rel := filepath.Clean(filepath.FromSlash(f.Path))
 		if filepath.IsAbs(rel) || rel == "." || strings.HasPrefix(rel, "..") {

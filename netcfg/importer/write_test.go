@@ -1,6 +1,7 @@
 package importer
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,5 +44,44 @@ func TestWriteOutRefuses(t *testing.T) {
 	}
 	if err := WriteOut(mine, r); err == nil || !strings.Contains(err.Error(), "not empty") {
 		t.Errorf("a second write: %v", err)
+	}
+}
+
+// TestSecretsOnlyInTheNotesFile: a hook with a token in its URL reaches
+// only the notes file, which is 0600; no 0644 file under the output
+// directory, no note and no step quotes it.
+func TestSecretsOnlyInTheNotesFile(t *testing.T) {
+	s, o := loadCase(t, "testdata/kernel-devices")
+	r, err := Build(s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "out")
+	if err := WriteOut(dir, r); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "s3cr3t"
+	found := false
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, _ := os.ReadFile(p)
+		st, _ := os.Stat(p)
+		if strings.Contains(string(b), secret) {
+			found = true
+			if st.Mode().Perm() != 0o600 {
+				t.Errorf("%s (%v) holds the secret", p, st.Mode().Perm())
+			}
+		}
+		return nil
+	})
+	if !found {
+		t.Errorf("the notes file does not keep the hook line")
+	}
+	for _, l := range append(r.Notes, r.Steps...) {
+		if strings.Contains(l, secret) {
+			t.Errorf("printed: %s", l)
+		}
 	}
 }
