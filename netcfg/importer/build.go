@@ -57,7 +57,7 @@ type Result struct {
 	// Notes are what the operator should know: what was not imported or
 	// could not be read. They never quote a hook line or a secret.
 	Notes []string
-	// Private is the notes file's text (notesName, written 0600): what the
+	// Private is the notes file's text (NotesName, written 0600): what the
 	// config and the notes must not quote, such as hook lines, which may
 	// carry a token or a password; "" when there is none.
 	Private string
@@ -114,7 +114,7 @@ type builder struct {
 	// foreign are the comment lines for what is another's: rules, tables
 	// and routes the import leaves alone.
 	foreign []string
-	// private are the notes file's entries (notesName): what may hold a
+	// private are the notes file's entries (NotesName): what may hold a
 	// secret, such as hook lines, root's only.
 	private []string
 	// unrun are the hooks nodeagent does not do, where each is.
@@ -811,7 +811,7 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 			}
 			for _, o := range r.other {
 				b.unrun = append(b.unrun, where)
-				add("%s: %s (the line is in %s)", where, commandKind(o), notesName)
+				add("%s: %s (the line is in %s)", where, commandKind(o), NotesName)
 			}
 			continue
 		}
@@ -832,7 +832,7 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 		}
 		for _, o := range r.other {
 			b.unrun = append(b.unrun, where)
-			add("%s: %s (the line is in %s)", where, commandKind(o), notesName)
+			add("%s: %s (the line is in %s)", where, commandKind(o), NotesName)
 		}
 	}
 	if down {
@@ -1444,7 +1444,7 @@ func (b *builder) steps() []string {
 	}
 	if len(b.unrun) > 0 {
 		st = append(st, fmt.Sprintf("read %s (root's only): %d hook command(s) nodeagent does not run (%s); do what they did some other way, or nothing does after the reboot",
-			path.Join(b.o.Out, notesName), len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; ")))
+			path.Join(b.o.Out, NotesName), len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; ")))
 	}
 	st = append(st,
 		"systemctl enable --now nodeagent",

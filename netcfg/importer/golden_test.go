@@ -49,7 +49,7 @@ func describe(r Result) string {
 		fmt.Fprintf(&b, "== %s %04o\n%s", f.Path, f.Mode, f.Data)
 	}
 	if r.Private != "" {
-		fmt.Fprintf(&b, "== %s 0600\n%s", notesName, r.Private)
+		fmt.Fprintf(&b, "== %s 0600\n%s", NotesName, r.Private)
 	}
 	b.WriteString("== steps\n")
 	for _, s := range r.Steps {

@@ -226,10 +226,10 @@ func redact(s string) string {
 	return keyRE.ReplaceAllString(s, "(key)")
 }
 
-// notesName is the notes file in the output directory: 0600, root's only,
+// NotesName is the notes file in the output directory: 0600, root's only,
 // for what the 0644 config must not hold (hook lines, which may carry a
 // token or a password).
-const notesName = "import-notes.txt"
+const NotesName = "import-notes.txt"
 
 // commandKind names what a hook command runs without quoting it: its
 // program, when that is a plain word (after any VAR=value assignments),

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -33,6 +34,39 @@ func TestWriteOutRefuses(t *testing.T) {
 		if entries, _ := os.ReadDir(theirs); len(entries) != 0 {
 			t.Errorf("wrote into another user's directory: %v", entries)
 		}
+	}
+
+	if os.Geteuid() == 0 {
+		// Under another user's directory: the whole path is checked, not
+		// only the last component.
+		theirs := filepath.Join(base, "theirs-parent")
+		os.Mkdir(theirs, 0o755)
+		os.Chown(theirs, 65534, 65534)
+		if err := WriteOut(filepath.Join(theirs, "out"), r); err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") {
+			t.Errorf("under another user's directory: %v", err)
+		}
+		// Through another user's link to a directory of root's.
+		link := filepath.Join(base, "theirs-link")
+		os.Symlink(target, link)
+		os.Lchown(link, 65534, 65534)
+		if err := WriteOut(filepath.Join(link, "out"), r); err == nil || !strings.Contains(err.Error(), "is a link of uid 65534") {
+			t.Errorf("through another user's link: %v", err)
+		}
+	}
+	open := filepath.Join(base, "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	if err := WriteOut(filepath.Join(open, "out"), r); err == nil || !strings.Contains(err.Error(), "is writable by others") {
+		t.Errorf("under a directory others can write: %v", err)
+	}
+	// A failure half-way leaves nothing behind.
+	bad := r
+	bad.Files = append(bad.Files, bad.Files[0])
+	if err := WriteOut(filepath.Join(base, "half"), bad); err == nil {
+		t.Errorf("a file written twice was taken")
+	}
+	if entries, _ := os.ReadDir(base); slices.ContainsFunc(entries, func(e fs.DirEntry) bool { return strings.Contains(e.Name(), "half") }) {
+		t.Errorf("a failed write left %v", entries)
 	}
 
 	mine := filepath.Join(base, "new")
