@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/owners"
 	"gopkg.in/yaml.v3"
 )
 
@@ -436,6 +437,7 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 		}
 		b.used[l.Name] = true
 		lines = append(lines, "- name: "+scalar(l.Name))
+		lines = append(lines, b.ownerComments(l.Name)...)
 		if c := b.parentComment(l.Parent); c != "" {
 			lines = append(lines, "  "+c)
 		}
@@ -470,6 +472,18 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 		}
 	}
 	return vlans, macvlans
+}
+
+// ownerComments name what made or configures a link (its owners' files),
+// whose retiring steps come before the switch-over.
+func (b *builder) ownerComments(name string) []string {
+	var out []string
+	for _, o := range b.s.Owners {
+		if o.Link == name {
+			out = append(out, fmt.Sprintf("  # %s: %s (%s); retired by a step before the switch-over", o.Kind, o.File, o.Role))
+		}
+	}
+	return out
 }
 
 func sortedLinks(ls map[string]Link) []Link {
@@ -1433,8 +1447,20 @@ func (b *builder) steps() []string {
 			unmade = append(unmade, l)
 		}
 	}
+	// The owners' retiring steps, for the links imported: each link is
+	// made by nothing but nodeagent after the reboot.
+	var own []owners.Owner
+	for _, o := range b.s.Owners {
+		if b.used[o.Link] {
+			own = append(own, o)
+		}
+	}
+	st = append(st, owners.Steps(own)...)
+	unmade = slices.DeleteFunc(unmade, func(l string) bool {
+		return slices.ContainsFunc(own, func(o owners.Owner) bool { return o.Link == l && (o.Makes || o.Kind == owners.Networkd) })
+	})
 	if len(unmade) > 0 {
-		b.notes = append(b.notes, fmt.Sprintf("no unit in /etc/systemd/system makes %s: if ifupdown (/etc/network/interfaces), systemd-networkd or NetworkManager does, remove it there before the reboot", strings.Join(unmade, ", ")))
+		b.notes = append(b.notes, fmt.Sprintf("nothing found makes %s (no unit running ip link add, no systemd-networkd, netplan, ifupdown or NetworkManager file under /etc): if something else does, retire it before the reboot", strings.Join(unmade, ", ")))
 	}
 	for _, u := range slices.Compact(units) {
 		st = append(st, fmt.Sprintf("systemctl disable %s   # it made links nodeagent now makes; do not stop it", u))

@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"github.com/nodeagent/nodeagent/netcfg/owners"
 )
 
 // maxFile bounds every file read from /etc: a wg-quick file of thousands
@@ -57,6 +58,20 @@ func ReadFiles(etc string, s *Snapshot) {
 			}
 		}
 	}
+	// The network configuration files that make the links nodeagent may
+	// import (their owners, retired by the switch-over's steps).
+	var links []string
+	for _, l := range s.Links {
+		if l.Kind == "vlan" || l.Kind == "macvlan" || l.Kind == "wireguard" {
+			links = append(links, l.Name)
+		}
+	}
+	for _, w := range s.WGQuick {
+		links = append(links, w.Name)
+	}
+	own, problems := owners.Read(etc, links)
+	s.Owners = append(s.Owners, own...)
+	s.Problems = append(s.Problems, problems...)
 	for _, f := range listDir(filepath.Join(etc, "systemd", "system"), ".service", s, false) {
 		data, err := fsafe.ReadFile(f, fileRules)
 		if err != nil {

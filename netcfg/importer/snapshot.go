@@ -19,6 +19,8 @@
 // replaced.
 package importer
 
+import "github.com/nodeagent/nodeagent/netcfg/owners"
+
 // Snapshot is what a node has, as Read found it.
 type Snapshot struct {
 	// Links are the namespace's links, by name.
@@ -49,6 +51,10 @@ type Snapshot struct {
 	// Units are the /etc/systemd/system/*.service files whose ExecStart
 	// (or ExecStartPre/Post) runs ip link add, with the links they make.
 	Units []Unit `json:"units,omitempty"`
+	// Owners are the network configuration files (systemd-networkd,
+	// netplan, ifupdown, NetworkManager) that make or configure the VLAN,
+	// macvlan and WireGuard links.
+	Owners []owners.Owner `json:"owners,omitempty"`
 	// Problems are what could not be read (not root, a file refused), one
 	// line each, without any file's contents.
 	Problems []string `json:"problems,omitempty"`
