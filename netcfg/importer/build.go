@@ -120,6 +120,13 @@ type builder struct {
 	private []string
 	// unrun are the hooks nodeagent does not do, where each is.
 	unrun []string
+	// pia is the device PIA's manual-connections scripts made ("" for
+	// none); piaTables are the tables that route through it (the VLAN's),
+	// with the source prefixes whose rules look them up.
+	pia         string
+	piaTables   map[int]bool
+	piaSources  []string
+	piaCredStep string
 }
 
 // Build turns a Snapshot into a config that adopts what the node has. It
@@ -160,6 +167,7 @@ func Build(s Snapshot, o Options) (Result, error) {
 	out.WriteString("# as its own without deleting it first. Read the comments, then follow the\n")
 	out.WriteString("# steps `nodeagent import` printed.\n")
 	vlans, macvlans := b.buildLinks()
+	b.pia = b.piaDevice()
 	wgs := b.buildWireGuard()
 	b.scope = b.buildScope()
 	rules := b.buildRules()
@@ -517,6 +525,10 @@ func (b *builder) buildWireGuard() []string {
 	var lines []string
 	for _, name := range sortedKeys(names) {
 		if !b.selected(name) {
+			continue
+		}
+		if name == b.pia {
+			lines = append(lines, b.piaEntry(name)...)
 			continue
 		}
 		_, inKernel := b.links[name]
@@ -883,6 +895,19 @@ func (b *builder) addForward(f forward) {
 // whether nodeagent's nftables table replaces iptables rules is the
 // operator's call.
 func (b *builder) writeFirewall(out *strings.Builder) {
+	if b.pia != "" && len(b.piaSources) > 0 {
+		// Forwarded traffic from the sources routed into PIA's tunnel
+		// leaves by it alone, also while it is down (the switch-over's
+		// gap), and is masqueraded to the tunnel's address.
+		fmt.Fprintf(out, "firewall:\n  # what is routed into PIA's tunnel leaves by %s alone, and not at all while it is down\n  killSwitch:\n", b.pia)
+		for _, src := range b.piaSources {
+			fmt.Fprintf(out, "    - %s\n", flow("from", scalar(src), "allowOut", list([]string{b.pia})))
+		}
+		out.WriteString("  masquerade:\n")
+		for _, src := range b.piaSources {
+			fmt.Fprintf(out, "    - %s\n", flow("from", scalar(src), "out", scalar(b.pia)))
+		}
+	}
 	if len(b.masq) == 0 && len(b.forward) == 0 {
 		return
 	}
@@ -1209,6 +1234,11 @@ func (b *builder) buildTables() []string {
 		} else if n != "" {
 			lines = append(lines, fmt.Sprintf("  # rt_tables names it %q, which is not a name the config takes", n))
 		}
+		if b.piaTables[id] {
+			lines = append(lines, fmt.Sprintf("  # the way into PIA's tunnel: closed (unreachable) whenever %s is not there, through the", b.pia),
+				"  # switch-over's gap too",
+				"  killSwitch: true")
+		}
 		routes, comments, ks := b.tableRoutes(id)
 		if ks {
 			// killSwitch: true makes the same two routes but takes no
@@ -1417,8 +1447,15 @@ func (b *builder) steps() []string {
 	root := b.o.Root
 	st := []string{
 		fmt.Sprintf("install -d -m 0755 %s && cp -a %s/* %s/   # as root: keys stay 0600, key directories 0700", root, b.o.Out, root),
-		"nodeagent validate",
-		"nodeagent plan   # expect only adoptions (~ ... adopt), nothing added or removed",
+	}
+	if b.piaCredStep != "" {
+		st = append(st, b.piaCredStep)
+	}
+	st = append(st, "nodeagent validate")
+	if b.pia != "" {
+		st = append(st, fmt.Sprintf("nodeagent plan   # expect adoptions, the kill switch added, and %s left alone while the scripts' tunnel is there", b.pia))
+	} else {
+		st = append(st, "nodeagent plan   # expect only adoptions (~ ... adopt), nothing added or removed")
 	}
 	slices.Sort(b.wgUnits)
 	for _, n := range b.wgUnits {
@@ -1472,8 +1509,13 @@ func (b *builder) steps() []string {
 		st = append(st, fmt.Sprintf("read %s (root's only): %d hook command(s) nodeagent does not run (%s); do what they did some other way, or nothing does after the reboot",
 			path.Join(b.o.Out, NotesName), len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; ")))
 	}
+	if b.pia != "" {
+		st = append(st, fmt.Sprintf("systemctl enable --now nodeagent   # the kill switch closes the VLAN to all but %s now; the scripts' tunnel still carries it", b.pia))
+		st = append(st, b.piaSteps()...)
+	} else {
+		st = append(st, "systemctl enable --now nodeagent")
+	}
 	st = append(st,
-		"systemctl enable --now nodeagent",
 		"nodeagent plan   # expect nothing to change",
 		"reboot   # proves the node comes up from nodeagent alone; then nodeagent plan again",
 	)

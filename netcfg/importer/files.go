@@ -81,7 +81,65 @@ func ReadFiles(etc string, s *Snapshot) {
 		if links := unitLinks(string(data)); len(links) > 0 {
 			s.Units = append(s.Units, Unit{Name: filepath.Base(f), Links: links})
 		}
+		if p, ok := piaUnit(etc, filepath.Base(f), string(data), s); ok {
+			if s.PIA == nil {
+				s.PIA = &PIAScripts{}
+			}
+			s.PIA.merge(p)
+		}
 	}
+}
+
+// piaUnit reads a unit that runs PIA's manual-connections scripts: its
+// name, and the region and account its Environment= lines or its
+// EnvironmentFile= (read like any file under /etc) give them.
+func piaUnit(etc, name, text string, s *Snapshot) (PIAScripts, bool) {
+	var p PIAScripts
+	env := map[string]string{}
+	runs := false
+	for line := range strings.SplitSeq(text, "\n") {
+		key, val, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		key = strings.TrimSpace(key)
+		switch {
+		case strings.HasPrefix(key, "Exec"):
+			for _, sc := range piaScripts {
+				runs = runs || strings.Contains(val, sc)
+			}
+		case key == "Environment":
+			for _, kv := range strings.Fields(strings.NewReplacer("\"", " ").Replace(val)) {
+				if k, v, ok := strings.Cut(kv, "="); ok && slices.Contains(piaEnv, k) {
+					env[k] = v
+				}
+			}
+		case key == "EnvironmentFile":
+			path := strings.TrimPrefix(strings.TrimSpace(val), "-")
+			if rel, ok := strings.CutPrefix(path, "/etc/"); ok {
+				path = filepath.Join(etc, rel)
+			}
+			data, err := fsafe.ReadFile(path, fileRules)
+			if err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					s.Problems = append(s.Problems, problem(err))
+				}
+				continue
+			}
+			for l := range strings.SplitSeq(string(data), "\n") {
+				k, v, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "export ")), "=")
+				if ok && slices.Contains(piaEnv, k) {
+					env[k] = strings.Trim(v, "\"'")
+				}
+			}
+		}
+	}
+	if !runs {
+		return p, false
+	}
+	p.Units = []string{name}
+	p.setEnv(env)
+	return p, true
 }
 
 // problem is err as one line: fsafe's errors name the file and the reason

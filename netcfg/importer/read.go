@@ -27,6 +27,10 @@ type ReadOptions struct {
 	// ProcSys is the directory that stands for /proc/sys (default
 	// /proc/sys); it is read from inside the handle's namespace.
 	ProcSys string
+	// Proc and Opt stand for /proc and /opt (defaults), where PIA's
+	// manual-connections scripts are found: their processes, their
+	// /opt/piavpn-manual.
+	Proc, Opt string
 }
 
 // SysctlKeys are the sysctls Read looks at, in the config's syntax: the
@@ -64,11 +68,18 @@ func Read(ctx context.Context, h *host.Host, o ReadOptions) (Snapshot, error) {
 	if o.ProcSys == "" {
 		o.ProcSys = sysctl.DefaultRoot
 	}
+	if o.Proc == "" {
+		o.Proc = "/proc"
+	}
+	if o.Opt == "" {
+		o.Opt = "/opt"
+	}
 	var s Snapshot
 	if err := readKernel(ctx, h, o, &s); err != nil {
 		return s, err
 	}
 	ReadFiles(o.Etc, &s)
+	readPIA(o.Proc, o.Opt, &s)
 	return s, nil
 }
 

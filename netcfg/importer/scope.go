@@ -85,6 +85,8 @@ func markOf(s string) (mark uint64, whole bool) {
 // buildScope decides which tables and rules the import takes.
 func (b *builder) buildScope() scope {
 	sc := scope{tables: map[int]bool{}, rules: map[int]bool{}, why: map[int]string{}}
+	b.piaTables = map[int]bool{}
+	piaMark := b.piaMark()
 	for _, r := range b.s.Routes {
 		if reservedTableNames[r.Table] != "" || r.Table == 0 || r.Protocol == protoKernel {
 			continue
@@ -92,6 +94,13 @@ func (b *builder) buildScope() scope {
 		if b.used[r.Dev] && !sc.tables[r.Table] {
 			sc.tables[r.Table] = true
 			sc.why[r.Table] = fmt.Sprintf("its routes go through %s, which is imported", r.Dev)
+		}
+		// The VLAN's table into PIA's tunnel (not wg-quick's own table of
+		// the full tunnel, which goes with it).
+		if b.pia != "" && r.Dev == b.pia && r.Table != piaMark {
+			sc.tables[r.Table] = true
+			sc.why[r.Table] = fmt.Sprintf("its routes go through %s, PIA's tunnel, which nodeagent's replaces", r.Dev)
+			b.piaTables[r.Table] = true
 		}
 	}
 	for _, id := range b.routeTables() {
@@ -143,8 +152,37 @@ func (b *builder) buildScope() scope {
 		if !sc.rules[i] && wgQuickPrio[r.Priority] && r.Action == "table" && r.Table == 254 && r.SuppressPrefixLength != nil && *r.SuppressPrefixLength == 0 {
 			sc.rules[i] = true
 		}
+		if sc.rules[i] && r.Action == "table" && b.piaTables[r.Table] && r.From != "" && !slices.Contains(b.piaSources, r.From) {
+			b.piaSources = append(b.piaSources, r.From)
+		}
 	}
 	return sc
+}
+
+// piaWGQuick names a rule or table wg-quick made for the full tunnel of
+// PIA's scripts ("" when it is not): it goes with `wg-quick down`.
+func (b *builder) piaWGQuick(table int, r *Rule) string {
+	mark := b.piaMark()
+	if b.pia == "" || mark == 0 {
+		return ""
+	}
+	what := fmt.Sprintf("wg-quick's, for the full tunnel of PIA's %s: it goes with `wg-quick down %s`", b.pia, b.pia)
+	switch {
+	case r == nil && table == mark:
+		return what
+	case r == nil:
+		return ""
+	case r.Table == mark || r.FwMark != "" && markIs(r.FwMark, mark):
+		return what
+	case r.Table == 254 && r.SuppressPrefixLength != nil && *r.SuppressPrefixLength == 0 && slices.ContainsFunc(b.s.Rules, func(o Rule) bool { return o.Priority == r.Priority+1 && o.Table == mark }):
+		return what
+	}
+	return ""
+}
+
+func markIs(s string, mark int) bool {
+	m, whole := markOf(s)
+	return whole && int(m) == mark
 }
 
 // A signature is the shape of another daemon's rule or table, as its
@@ -269,7 +307,7 @@ func linkOwner(name string) string {
 
 // foreignRule lists a rule that is not the old setup's.
 func (b *builder) foreignRule(r Rule) {
-	who := ruleOwner(r)
+	who := cmpOr(b.piaWGQuick(0, &r), ruleOwner(r))
 	if who == "" {
 		who = "no imported link, address or table of the old setup's; owner not known (--only rules takes every rule)"
 	}
@@ -278,7 +316,7 @@ func (b *builder) foreignRule(r Rule) {
 
 // foreignTable lists a table that is not the old setup's, with its routes.
 func (b *builder) foreignTable(id int) {
-	who := b.tableOwner(id)
+	who := cmpOr(b.piaWGQuick(id, nil), b.tableOwner(id))
 	if who == "" {
 		who = fmt.Sprintf("no route through an imported link, no rule of the old setup's looks it up; owner not known (--only %d takes it)", id)
 	}

@@ -55,6 +55,9 @@ type Snapshot struct {
 	// netplan, ifupdown, NetworkManager) that make or configure the VLAN,
 	// macvlan and WireGuard links.
 	Owners []owners.Owner `json:"owners,omitempty"`
+	// PIA is what PIA's manual-connections scripts left (their processes,
+	// /opt/piavpn-manual, the units that run them), nil for none.
+	PIA *PIAScripts `json:"pia,omitempty"`
 	// Problems are what could not be read (not root, a file refused), one
 	// line each, without any file's contents.
 	Problems []string `json:"problems,omitempty"`
