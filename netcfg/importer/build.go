@@ -1384,6 +1384,8 @@ func boolCmp(x, y bool) int {
 func (b *builder) devComment(dev string) string {
 	l, ok := b.links[dev]
 	switch {
+	case dev == b.pia:
+		return "" // nodeagent's own once the scripts' is gone
 	case !ok:
 		return fmt.Sprintf("# %s is not in this namespace: its routes wait for it", dev)
 	case unmanagedKind(l.Kind) != "" && l.Kind != "veth":
