@@ -239,6 +239,17 @@ func TestPIAScriptsTakeOver(t *testing.T) {
 	t.Logf("nodeagent runs beside the scripts' tunnel; its plan:\n%s", planText(d))
 
 	// Steps: stop the scripts; wg-quick down pia; reload.
+	// What the scripts started (port_forwarding.sh's sleep) outlives
+	// them, reparented: ended with the test.
+	var orphans []int
+	for _, p := range pids {
+		orphans = append(orphans, descendants(p)...)
+	}
+	t.Cleanup(func() {
+		for _, p := range orphans {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
 	switched := time.Now()
 	for _, p := range pids {
 		syscall.Kill(p, syscall.SIGTERM)
@@ -490,6 +501,30 @@ func alive(pid int) bool {
 	}
 	i := bytes.LastIndexByte(b, ')')
 	return i > 0 && len(b) > i+2 && b[i+2] != 'Z'
+}
+
+// descendants are the processes under pid.
+func descendants(pid int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 {
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+				out = append(out, child)
+				out = append(out, descendants(child)...)
+			}
+		}
+	}
+	return out
 }
 
 // killTree kills pid and its descendants.
