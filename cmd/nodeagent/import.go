@@ -58,11 +58,15 @@ Flags:
       --root DIR   where the files will be installed; every path in the config
                    is under it (default /etc/nodeagent)
       --only NAME  import only this object (repeat it, or give a comma list):
-                   a VLAN's, macvlan's or WireGuard device's name, a routing
-                   table's name or id, rules (every rule but the kernel's own,
-                   with the tables they look up) or sysctls
+                   a VLAN's, macvlan's or WireGuard device's name (with the
+                   policy routing that belongs to it), a routing table's name
+                   or id (whoever made it), rules (every rule but the kernel's
+                   own, with the tables they look up) or sysctls; a wg-quick
+                   device that is down and not enabled is imported only so
       --etc DIR    read /etc's files (/etc/wireguard, /etc/iproute2/rt_tables,
-                   /etc/systemd/system) from DIR instead (default /etc)
+                   /etc/systemd/system, /etc/systemd/network, /etc/netplan,
+                   /etc/network/interfaces, /etc/NetworkManager) from DIR
+                   instead (default /etc)
   -h, --help       this help
 
 Sysctls read: net.ipv4.ip_forward, net.ipv6.conf.all.forwarding,

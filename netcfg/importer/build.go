@@ -29,9 +29,11 @@ type Options struct {
 	// /etc/nodeagent.
 	Root string
 	// Only imports just these objects, by name: a VLAN's, macvlan's or
-	// WireGuard device's name, a routing table's name or id (its routes;
-	// rules are not implied), "rules" (every rule that is not the
-	// kernel's, with the tables they look up), "sysctls". Empty: all.
+	// WireGuard device's name (with the policy routing that belongs to
+	// it, scope.go), a routing table's name or id (its routes, whoever
+	// made them), "rules" (every rule that is not the kernel's, with the
+	// tables they look up), "sysctls". Empty: everything the old setup
+	// made.
 	Only []string
 	// Out names the directory the files are written to, in the steps
 	// (default OUT).
