@@ -21,12 +21,16 @@
 // before nodeagent ran looks) is that it is never deleted to be marked:
 // it gets the mark in place, with one NLM_F_REPLACE message that changes
 // nothing else, where the kernel sets IFA_PROTO that way (IPv6 from Linux
-// 6.1, IPv4 from 6.3). Where it does not (IPv4 on 6.1 and 6.2, as in
+// 6.1, IPv4 from 6.4). Where it does not (IPv4 before 6.4: 6.1, as in
 // Debian 12), such an address is accepted as it stands on an owned link
 // and on one being adopted: no op, and, carrying no mark, it is not
 // deleted when the config drops it. An address in any other form is
-// re-owned on an owned or adopted link, by deleting and adding it when the
-// kernel cannot change its form in place (noprefixroute on IPv4).
+// re-owned on an owned link, by deleting and adding it when the kernel
+// cannot change its form in place (noprefixroute on IPv4), except on a
+// link the config marks adopt: true, where nothing is ever deleted to be
+// adopted: what a replace cannot fix is kept as it is, and the adoption's
+// plan line says so (NetworkManager's noprefixroute address, whose
+// deletion would take the routes with it as their src).
 package link
 
 import (

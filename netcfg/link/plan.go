@@ -171,7 +171,7 @@ func reown(link string, ol ObservedLink, oa ObservedAddr) (Op, bool) {
 // never takes it off the link (host.Host.AddrReown says what a replace
 // changes): "" when it can. IPv6 takes a new mark, flags and lifetimes
 // but keeps a metric; IPv4 takes lifetimes and a metric, a mark only from
-// Linux 6.3, and never new flags.
+// Linux 6.4, and never new flags.
 func notInPlace(oa ObservedAddr) string {
 	var flags []string
 	for _, f := range oa.Form {
@@ -186,7 +186,7 @@ func notInPlace(oa ObservedAddr) string {
 	case oa.Prefix.Addr().Is6() && metric:
 		return "a metric, which the kernel keeps through a replace"
 	case !oa.Owned && !oa.Markable && oa.Prefix.Addr().Is4():
-		return "the kernel marks an IPv4 address in place only from Linux 6.3"
+		return "the kernel marks an IPv4 address in place only from Linux 6.4"
 	case !oa.Owned && !oa.Markable:
 		return "the kernel cannot mark it in place (no IFA_PROTO before Linux 6.1)"
 	}

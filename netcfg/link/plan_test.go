@@ -52,7 +52,7 @@ func TestMakePlan(t *testing.T) {
 			"~ link enp1s0.50 adopt (mark as nodeagent's)\n"},
 		// Never delete to adopt: the plan says what is taken as it is.
 		{"adopt takes an IPv4 address as it is where the kernel cannot mark it", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false; l.Addrs[0].Owned = false }))},
-			"~ link enp1s0.50 adopt (mark as nodeagent's; kept as they are, never deleted to be marked: 10.10.50.1/24 (the kernel marks an IPv4 address in place only from Linux 6.3))\n"},
+			"~ link enp1s0.50 adopt (mark as nodeagent's; kept as they are, never deleted to be marked: 10.10.50.1/24 (the kernel marks an IPv4 address in place only from Linux 6.4))\n"},
 		{"adopt refuses a link that differs", []Link{with(v50, func(l *Link) { l.Adopt = true; l.VLANID = 60 })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false }))},
 			"! link enp1s0.50: exists but cannot be adopted: vlan id 50 -> 60\n"},
 		// The kernel puts a macvlan on a macvlan on that one's parent.
