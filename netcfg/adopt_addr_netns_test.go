@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
@@ -35,14 +34,7 @@ func TestAdoptNeverDeletesAnAddress(t *testing.T) {
   - {name: mv50, parent: trunk0, mode: bridge, addresses: [10.10.50.1/24, "fd00:50::1/64"], adopt: true}
 dad: {disabled: true}
 `
-	c, err := config.ParseWith("nodeagent.yaml", []byte(yaml), config.Options{SkipFileChecks: true})
-	if err != nil {
-		t.Fatalf("config:\n%v", err)
-	}
-	d, err := FromConfig(c, tablesFile(t, node))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := desiredOf(t, node, yaml)
 	cv := &Converger{Host: node.Host}
 	ctx := context.Background()
 	p, err := cv.Plan(ctx, d)

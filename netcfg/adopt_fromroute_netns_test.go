@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/testenv"
 )
 
@@ -45,14 +44,7 @@ func TestSourceRoutesNeverClobbered(t *testing.T) {
 
 	converge := func(yaml string) Plans {
 		t.Helper()
-		c, err := config.ParseWith("nodeagent.yaml", []byte(yaml), config.Options{SkipFileChecks: true})
-		if err != nil {
-			t.Fatalf("config:\n%v", err)
-		}
-		d, err := FromConfig(c, tablesFile(t, node))
-		if err != nil {
-			t.Fatal(err)
-		}
+		d := desiredOf(t, node, yaml)
 		cv := &Converger{Host: node.Host}
 		p, err := cv.Plan(context.Background(), d)
 		if err != nil {

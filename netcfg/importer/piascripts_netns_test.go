@@ -529,23 +529,8 @@ func descendants(pid int) []int {
 
 // killTree kills pid and its descendants.
 func killTree(pid int) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...
-		if i := bytes.LastIndexByte(b, ')'); i > 0 {
-			f := strings.Fields(string(b[i+1:]))
-			if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-				killTree(child)
-			}
-		}
+	for _, p := range descendants(pid) {
+		syscall.Kill(p, syscall.SIGKILL)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
 }
