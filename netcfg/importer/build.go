@@ -1510,6 +1510,8 @@ func (b *builder) steps() []string {
 		st = append(st, fmt.Sprintf("edit %s: uncomment the firewall section (wg-quick's hooks no longer run after the reboot)", path.Join(root, "nodeagent.yaml")))
 	}
 	if len(b.unrun) > 0 {
+		b.notes = append(b.notes, fmt.Sprintf("%d hook command(s) nodeagent does not run or translate (%s): after the reboot nothing runs them; their lines are in %s, root's only",
+			len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; "), NotesName))
 		st = append(st, fmt.Sprintf("read %s (root's only): %d hook command(s) nodeagent does not run (%s); do what they did some other way, or nothing does after the reboot",
 			path.Join(b.o.Out, NotesName), len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; ")))
 	}

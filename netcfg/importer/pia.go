@@ -275,7 +275,7 @@ func (b *builder) piaEntry(name string) []string {
 	lines = append(lines,
 		"  # It is not adopted: nodeagent is a PIA client of its own (its own key, registration and",
 		"  # forwarded port) once the switch-over's steps have stopped the scripts. The forwarded port",
-		"  # will change.",
+		"  # will change. The device keeps its name, so firewall rules that name it still match.",
 		"  pia:")
 	switch {
 	case p.Region != "":
