@@ -336,7 +336,7 @@ func (b *builder) piaSteps() []string {
 		}
 	}
 	if len(pids) > 0 {
-		st = append(st, fmt.Sprintf("kill %s   # PIA's scripts: %s", strings.Join(pids, " "), piaProcs(p)))
+		st = append(st, fmt.Sprintf("kill %s   # PIA's scripts as import found them: %s (ps -o pid,args -p %s shows they still are)", strings.Join(pids, " "), piaProcs(p), strings.Join(pids, ",")))
 	}
 	st = append(st,
 		fmt.Sprintf("wg-quick down %s   # the scripts' tunnel goes; the VLAN's kill switch holds its traffic until nodeagent's %s is up", b.pia, b.pia),
