@@ -1407,6 +1407,10 @@ func (b *builder) mainRoutes() []string {
 		if b.only != nil && !b.only[r.Dev] {
 			continue
 		}
+		if o := linkOwner(r.Dev); o != "" {
+			rs = append(rs, routeText(r)+": "+o)
+			continue
+		}
 		rs = append(rs, routeText(r))
 	}
 	if len(rs) == 0 {
