@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -286,7 +287,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d.labeler = kube.New(kc, d.log)
 	d.us = wg.NewUserspace(d.log.With("subsystem", "wireguard"))
-	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us}
+	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}
 	d.setCondition(api.CondReady, api.False, "Starting", "the first sync has not finished")
 	return d, nil
 }
