@@ -75,6 +75,11 @@ const (
 	// hook fails (it is retried with backoff). Absent when no device has
 	// an onChange. It neither degrades the node nor holds back Ready.
 	CondPortDelivered = "PortDelivered"
+	// GatewayRole: this node's part in the gateway role (agent/gateway),
+	// reason Holder, Standby (the message names the holder), Claiming or
+	// Fenced. True while Holder or Standby; False while Claiming or
+	// Fenced, which degrades the node. Absent without a gateway role.
+	CondGatewayRole = "GatewayRole"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.
