@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
+	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
 	"github.com/nodeagent/nodeagent/agent/notify"
@@ -87,6 +88,13 @@ type Daemon struct {
 	// labeler labels the Node in its own goroutine: labels are eventually
 	// consistent and never hold up networking.
 	labeler *kube.Labeler
+	// role is the gateway role (nil without one); roleStop ends it, and
+	// roleKey is the config it runs with (the loop's alone). runCtx is
+	// Run's, which the role's goroutines live in.
+	role     *gateway.Role
+	roleStop context.CancelFunc
+	roleKey  string
+	runCtx   context.Context
 	// wgStatus makes the status's WireGuard devices (the loop's alone).
 	wgStatus wgStatus
 	// kicked holds the triggers kickNow was given since the loop last
@@ -344,6 +352,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer wg.Done()
 		d.labeler.Run(ctx)
 	}()
+	d.runCtx = ctx
+	d.setRole()
 	return d.loop(ctx, sig)
 }
 

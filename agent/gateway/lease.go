@@ -143,9 +143,10 @@ type election struct {
 	// restart ends the running elector (one that is not leading) so a
 	// fresh one tries at once.
 	restart context.CancelFunc
-	// release ends the running elector and gives up the Lease (a
-	// hand-over); done when it is given up.
+	// releasing: a hand-over ends the running elector, which gives up
+	// the Lease; done is closed when run has returned.
 	releasing bool
+	done      chan struct{}
 }
 
 func (e *election) view() leaseView {
@@ -182,6 +183,7 @@ func (e *election) seen(rec *resourcelock.LeaderElectionRecord, prev string, err
 
 // run is the election's goroutine.
 func (e *election) run(ctx context.Context) {
+	defer close(e.done)
 	go e.watch(ctx)
 	for ctx.Err() == nil {
 		ectx, cancel := context.WithCancel(ctx)
@@ -231,14 +233,19 @@ func (e *election) run(ctx context.Context) {
 
 // handOver ends the election and gives up the Lease if this node holds
 // it (client-go's release: holder empty, duration 1 s), so another
-// candidate takes it at once. It returns when the elector has stopped.
-func (e *election) handOver() {
+// candidate takes it at once. It returns when the elector has stopped, or
+// when ctx ends.
+func (e *election) handOver(ctx context.Context) {
 	e.mu.Lock()
 	e.releasing = true
 	stop := e.restart
 	e.mu.Unlock()
 	if stop != nil {
 		stop()
+	}
+	select {
+	case <-e.done:
+	case <-ctx.Done():
 	}
 }
 

@@ -50,6 +50,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/arp"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/vishvananda/netlink"
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 )
@@ -186,13 +187,19 @@ func New(cfg Config) (*Role, error) {
 	r.elect = &election{
 		client: lc, ns: l.Namespace, name: l.Name, identity: cfg.Identity,
 		duration: l.Duration, renew: l.RenewDeadline, retry: l.RetryPeriod,
-		fence: r.fence, log: r.log, kick: r.kick,
+		fence: r.fence, log: r.log, kick: r.kick, done: make(chan struct{}),
 	}
 	return r, nil
 }
 
 // Start runs the election, the wire watch and the labels until ctx ends.
+// What the kernel has is where the role starts from: a daemon restarted
+// on the holder (or a role restarted by a reload) finds its addresses in
+// place and keeps them until the Lease says otherwise.
 func (r *Role) Start(ctx context.Context) {
+	r.mu.Lock()
+	r.present = r.kernelHas()
+	r.mu.Unlock()
 	go r.elect.run(ctx)
 	go r.watchWire(ctx)
 	go r.loop(ctx)
@@ -258,8 +265,13 @@ func (r *Role) Status() Status {
 // Condition is the GatewayRole condition.
 func (r *Role) Condition() api.Condition {
 	s := r.Status()
+	r.mu.Lock()
+	refused := r.conflict != nil
+	r.mu.Unlock()
 	status := api.True
-	if s.State == Claiming || s.State == Fenced {
+	if s.State == Fenced || (s.State == Claiming && refused) {
+		// Claiming is a moment's step; refused, or fenced, the role is
+		// not served by this node although the Lease says it may.
 		status = api.False
 	}
 	return api.Condition{Type: api.CondGatewayRole, Status: status, Reason: string(s.State), Message: s.Reason, LastTransitionTime: s.Since}
@@ -321,7 +333,7 @@ func (r *Role) HandOver(ctx context.Context, sync func(ctx context.Context) erro
 			r.log.Warn("gateway role: the sync that gives the addresses up", "err", err)
 		}
 	}
-	r.elect.handOver()
+	r.elect.handOver(ctx)
 }
 
 // loop re-evaluates the state on every change and keeps the labels in
@@ -480,6 +492,28 @@ func (r *Role) fence(ctx context.Context) error {
 	return nil
 }
 
+// kernelHas reports whether the role's link has every gateway address.
+func (r *Role) kernelHas() bool {
+	l, err := r.cfg.Host.NL().LinkByName(r.cfg.Role.Link)
+	if err != nil {
+		return false
+	}
+	addrs, err := r.cfg.Host.NL().AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return false
+	}
+	for _, p := range r.addrs {
+		if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool {
+			ap, ok := netip.AddrFromSlice(a.IP)
+			ones, _ := a.Mask.Size()
+			return ok && netip.PrefixFrom(ap.Unmap(), ones) == p
+		}) {
+			return false
+		}
+	}
+	return len(r.addrs) > 0
+}
+
 // conn opens an ARP socket on the role's link.
 func (r *Role) conn() (*arp.Conn, error) {
 	l, err := r.cfg.Host.NL().LinkByName(r.cfg.Role.Link)
@@ -525,4 +559,28 @@ func (r *Role) watchWire(ctx context.Context) {
 			time.Sleep(time.Second)
 		}
 	}
+}
+
+// FromConfig is the Role's Config for c: the node's name as the Lease's
+// holder identity (node.name, else the lowercased hostname, as the kubelet
+// registers the Node), the Lease's credentials from gateway.lease.kubeconfig
+// (a file root alone may read), and the node's own from
+// kubernetes.kubeconfig when the role has labels.
+func FromConfig(c *config.Config, h *host.Host, log *slog.Logger, changed func()) (Config, error) {
+	g := c.Gateway
+	kc, err := kube.FromConfig(c)
+	if err != nil {
+		return Config{}, err
+	}
+	lease, err := kube.LoadKubeconfig(g.Lease.Kubeconfig, true)
+	if err != nil {
+		return Config{}, fmt.Errorf("gateway.lease.kubeconfig: %w", err)
+	}
+	cfg := Config{Role: *g, Identity: kc.NodeName, Lease: lease, Host: h, Log: log, Changed: changed}
+	if len(g.Labels) > 0 {
+		if cfg.Node, err = kube.RESTConfig(kc); err != nil {
+			return Config{}, fmt.Errorf("kubernetes.kubeconfig: %w", err)
+		}
+	}
+	return cfg, nil
 }

@@ -4,6 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"os"
+
+	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"k8s.io/client-go/tools/clientcmd"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -64,4 +69,50 @@ func (c *LabelClient) RoleLabels(ctx context.Context, node string) (map[string]s
 		}
 	}
 	return out, nil
+}
+
+// RESTConfig is the client config the Labeler of cfg would use: its
+// kubeconfig, the in-cluster service account, or the k3s kubelet's, with
+// nodeagent's user agent and the cap on response bodies. No request
+// timeout is set: the caller bounds each request by its context (a watch
+// lasts).
+func RESTConfig(cfg Config) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
+	switch {
+	case cfg.RESTConfig != nil:
+		rc = rest.CopyConfig(cfg.RESTConfig)
+	case cfg.Kubeconfig != "":
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		rc, err = rest.InClusterConfig()
+	default:
+		rc, err = clientcmd.BuildConfigFromFlags("", DefaultKubeconfig)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "nodeagent"
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return capBodies{rt} })
+	return rc, nil
+}
+
+// maxKubeconfig bounds a kubeconfig file's size.
+const maxKubeconfig = 1 << 20
+
+// LoadKubeconfig reads the kubeconfig at path as a file others may have
+// written: opened without following a link, a regular file of root's
+// (private: readable by root alone) of at most 1 MiB, and returns its
+// client config, as RESTConfig sets it up. Errors name the file, never
+// its content.
+func LoadKubeconfig(path string, private bool) (*rest.Config, error) {
+	raw, err := fsafe.ReadFile(path, fsafe.Rules{Private: private, RootOwned: true, MaxSize: maxKubeconfig})
+	if err != nil {
+		return nil, err
+	}
+	rc, err := clientcmd.RESTConfigFromKubeConfig(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a usable kubeconfig", path)
+	}
+	return RESTConfig(Config{RESTConfig: rc})
 }
