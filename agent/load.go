@@ -343,6 +343,9 @@ func (d *Daemon) setRole() {
 	d.roleKey = key
 	if key == "" {
 		d.removeCondition(api.CondGatewayRole)
+		d.mu.Lock()
+		d.status.Gateway = nil
+		d.mu.Unlock()
 		return
 	}
 	cfg, err := gateway.FromConfig(d.cfg, d.host, d.log, func() { d.kickNow(trigProvider) })

@@ -149,6 +149,11 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	if d.role != nil {
 		c := d.role.Condition()
 		d.setCondition(c.Type, c.Status, c.Reason, c.Message)
+		rs := d.role.Status()
+		d.mu.Lock()
+		d.status.Gateway = &api.GatewayRole{Role: rs.Role, State: string(rs.State), Holder: rs.Holder, Since: rs.Since.UTC(), Reason: rs.Reason,
+			LeaseOK: rs.LeaseOK, Transitions: rs.Transitions, TookOverSeconds: rs.TookOver.Seconds()}
+		d.mu.Unlock()
 	}
 	waits, over := d.trackWaits(res)
 	switch {

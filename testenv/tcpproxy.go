@@ -24,7 +24,27 @@ type Proxy struct {
 // when t ends.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return NewProxyIn(t, nil, target)
+}
+
+// NewProxyIn is NewProxy listening on the loopback of namespace ns (the
+// host's when nil), so that a program run in ns reaches target, on the
+// host's loopback, at 127.0.0.1 and the proxy's port: a node's path to
+// the API server, which the test can cut.
+func NewProxyIn(t testing.TB, ns *NetNS, target string) *Proxy {
+	t.Helper()
+	var ln net.Listener
+	listen := func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}
+	var err error
+	if ns != nil {
+		ns.Exec(t, "ip", "link", "set", "lo", "up")
+		err = ns.Host.Do(listen)
+	} else {
+		err = listen()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
