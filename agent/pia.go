@@ -288,6 +288,21 @@ func (d *Daemon) kickPIA() {
 	}
 }
 
+// standbyPIA puts the PIA providers of the gateway role's devices on
+// standby while this node does not hold the role, and takes them off it
+// when it does (pia.Provider.SetStandby).
+func (d *Daemon) standbyPIA() {
+	if d.role == nil {
+		return
+	}
+	want := d.role.Want()
+	for name, t := range d.pia {
+		if t.p != nil && d.role.Moves(name) {
+			t.p.SetStandby(!want)
+		}
+	}
+}
+
 // publishPIA puts the providers' state in status, the TunnelHealthy
 // condition and the metrics.
 func (d *Daemon) publishPIA() {
@@ -323,7 +338,8 @@ func (d *Daemon) publishPIA() {
 		s := t.p.Status()
 		tunnels = append(tunnels, tunnelStatus(s, now))
 		d.metrics.SetTunnelHealthy(name, s.Healthy)
-		if !s.Healthy {
+		if !s.Healthy && s.Phase != pia.PhaseStandby {
+			// (A standby's tunnel is another node's to run: no fault.)
 			msg := fmt.Sprintf("%s: %s", name, s.Phase)
 			if s.LastError != "" {
 				msg += ": " + s.LastError

@@ -27,6 +27,7 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		// Register files changed between the load and the first sync.
 		d.reload(trigResync)
 	}
+	d.standbyPIA()
 	des := d.desired
 	if d.hash == d.badHash && d.lastGood != nil {
 		// Rolled back: keep the previous state until the config changes.

@@ -53,6 +53,9 @@ func (r *Role) Gate(des netcfg.Desired) netcfg.Desired {
 	return des
 }
 
+// Moves reports whether the WireGuard device dev moves with the role.
+func (r *Role) Moves(dev string) bool { return slices.Contains(r.cfg.Role.WireGuard, dev) }
+
 // SyncedFrom tells the role what a sync left (Synced): whether every
 // gateway address is on the link, and who answered for one when its claim
 // was refused.
