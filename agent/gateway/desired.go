@@ -2,14 +2,17 @@ package gateway
 
 import (
 	"errors"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/arp"
 	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/plan"
+	"github.com/nodeagent/nodeagent/netcfg/sysctl"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
 
@@ -19,6 +22,7 @@ import (
 // then wait, and the kill-switch tables, rules and nftables kill switch,
 // which stay, hold the VLAN's traffic back).
 func (r *Role) Gate(des netcfg.Desired) netcfg.Desired {
+	des.Sysctl = r.quietParents(des)
 	want := r.Want()
 	if want {
 		des.Link.Links = slices.Clone(des.Link.Links)
@@ -51,6 +55,35 @@ func (r *Role) Gate(des netcfg.Desired) netcfg.Desired {
 		})
 	}
 	return des
+}
+
+// quietParents is des's sysctls with arp_ignore=1 on each link the config
+// makes below the role's link (the VLAN link under the shim): a Linux
+// host answers ARP for any of its addresses on every interface the
+// request reaches (arp_ignore=0), so without it the VLAN link answers for
+// the gateway address with its own MAC beside the shim, and pods may send
+// their traffic to the wrong one. A value the config sets is left.
+func (r *Role) quietParents(des netcfg.Desired) sysctl.Desired {
+	parent := map[string]string{}
+	for _, l := range des.Link.Links {
+		parent[l.Name] = l.Parent
+	}
+	out := des.Sysctl
+	values := maps.Clone(out.Values)
+	if values == nil {
+		values = map[string]string{}
+	}
+	for p := parent[r.cfg.Role.Link]; p != ""; p = parent[p] {
+		if _, ours := parent[p]; !ours {
+			break // a link the config does not make (the trunk NIC)
+		}
+		key := "net.ipv4.conf." + strings.ReplaceAll(p, ".", "/") + ".arp_ignore"
+		if _, set := values[key]; !set {
+			values[key] = "1"
+		}
+	}
+	out.Values = values
+	return out
 }
 
 // Moves reports whether the WireGuard device dev moves with the role.

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,6 +56,10 @@ func (e *errFenced) Error() string { return "not taking the Lease: " + e.why }
 type fencedLock struct {
 	resourcelock.Interface
 	fence func(ctx context.Context) error
+	// expired reports whether a record read is another node's that has
+	// not been renewed for its duration by the watch's clock; it is then
+	// handed to the elector as free (see election.expired).
+	expired func(rec *resourcelock.LeaderElectionRecord) bool
 	// seen is called with each record read or written, and the holder it
 	// replaced on an acquisition.
 	seen func(rec *resourcelock.LeaderElectionRecord, prev string, err error)
@@ -72,6 +77,13 @@ func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecor
 	}
 	l.mu.Unlock()
 	l.seen(rec, "", err)
+	if err == nil && l.expired != nil && l.expired(rec) {
+		free := *rec
+		free.HolderIdentity = ""
+		if b, merr := json.Marshal(free); merr == nil {
+			return &free, b, nil
+		}
+	}
 	return rec, raw, err
 }
 
@@ -128,7 +140,11 @@ func (l *fencedLock) Update(ctx context.Context, ler resourcelock.LeaderElection
 // tried at once rather than at the next retry. It reports what it sees
 // through view.
 type election struct {
+	// client is the elector's; watcher the Lease watch's and the
+	// take-back request's, apart, so that neither waits for the other in
+	// its client's rate limiter.
 	client   coordclient.LeasesGetter
+	watcher  coordclient.LeasesGetter
 	ns, name string
 	identity string
 	duration time.Duration
@@ -140,6 +156,18 @@ type election struct {
 	mu   sync.Mutex
 	v    leaseView
 	kick func() // the role's: the view changed
+	// seenRenew is the holder's RenewTime the watch last saw, and
+	// seenAt when (this node's clock) it saw it change: the watch sees
+	// every renewal as it is written, so a holder that stopped renewing
+	// is known to have stopped from seenAt on, not from when the
+	// elector's own poll (one retry period, jittered, apart) noticed.
+	seenHolder string
+	seenRenew  time.Time
+	seenAt     time.Time
+	expiry     *time.Timer
+	// attemptFrom is when this node first tried to take the Lease since a
+	// holder last renewed it (the preferred node's head start).
+	attemptFrom time.Time
 	// restart ends the running elector (one that is not leading) so a
 	// fresh one tries at once.
 	restart context.CancelFunc
@@ -196,8 +224,9 @@ func (e *election) run(ctx context.Context) {
 				Client:     e.client,
 				LockConfig: resourcelock.ResourceLockConfig{Identity: e.identity},
 			},
-			fence: e.fence,
-			seen:  e.seen,
+			fence:   e.fence,
+			seen:    e.seen,
+			expired: e.expired,
 		}
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock:            lock,
@@ -231,6 +260,18 @@ func (e *election) run(ctx context.Context) {
 	}
 }
 
+// yield gives up the Lease if this node holds it (client-go's release)
+// and goes on as a candidate: the role's fence keeps the next elector
+// from taking it straight back while the role yields (Role.yieldTo).
+func (e *election) yield() {
+	e.mu.Lock()
+	stop := e.restart
+	e.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
 // handOver ends the election and gives up the Lease if this node holds
 // it (client-go's release: holder empty, duration 1 s), so another
 // candidate takes it at once. It returns when the elector has stopped, or
@@ -256,42 +297,123 @@ func (e *election) handOver(ctx context.Context) {
 func (e *election) watch(ctx context.Context) {
 	backoff := time.Second
 	for ctx.Err() == nil {
-		w, err := e.client.Leases(e.ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", e.name).String()})
-		if err != nil {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 30*time.Second)
+		began := time.Now()
+		w, err := e.watcher.Leases(e.ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", e.name).String()})
+		if err == nil {
+			e.follow(w)
+			w.Stop()
+		}
+		if err == nil && time.Since(began) > time.Minute {
+			backoff = time.Second // it ran: a server's timeout, not a fault
 			continue
 		}
-		backoff = time.Second
-		for ev := range w.ResultChan() {
-			if ev.Type != watch.Added && ev.Type != watch.Modified {
-				continue
-			}
-			l, ok := ev.Object.(*coordinationv1.Lease)
-			if !ok {
-				continue
-			}
-			holder := ""
-			if l.Spec.HolderIdentity != nil {
-				holder = *l.Spec.HolderIdentity
-			}
-			tb := takeBackRequest(l, time.Now(), e.duration)
-			e.update(func(v *leaseView) { v.takeBack = tb; v.notePrev(holder, e.identity) })
-			e.mu.Lock()
-			leading, restart, releasing := e.v.leading, e.restart, e.releasing
-			e.mu.Unlock()
-			if holder == "" && !leading && !releasing && restart != nil {
-				// Released: a fresh elector's first try is at once, the
-				// running one's only after its retry period.
-				restart()
-			}
+		// It failed, or ended at once (an API server going away answers a
+		// watch and closes it): wait, so that a broken path is not hammered
+		// and the elector's requests are not held back behind these.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
 		}
-		w.Stop()
+		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// follow takes the watch's events until it ends.
+func (e *election) follow(w watch.Interface) {
+	for ev := range w.ResultChan() {
+		if ev.Type != watch.Added && ev.Type != watch.Modified {
+			continue
+		}
+		l, ok := ev.Object.(*coordinationv1.Lease)
+		if !ok {
+			continue
+		}
+		holder := ""
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		tb := takeBackRequest(l, time.Now(), e.duration)
+		e.update(func(v *leaseView) { v.takeBack = tb; v.notePrev(holder, e.identity) })
+		e.sawRecord(l)
+		e.mu.Lock()
+		leading, restart, releasing := e.v.leading, e.restart, e.releasing
+		e.mu.Unlock()
+		if holder == "" && !leading && !releasing && restart != nil {
+			// Released: a fresh elector's first try is at once, the
+			// running one's only after its retry period.
+			restart()
+		}
+	}
+}
+
+// sawRecord notes a record the watch saw. When another node holds the
+// Lease, a fresh elector is started the moment its renewals have stopped
+// for the Lease's duration: client-go's elector would notice only at its
+// next poll after its own first sight of the last renewal, up to two
+// jittered retry periods later, on top of the duration.
+func (e *election) sawRecord(l *coordinationv1.Lease) {
+	holder := ""
+	if l.Spec.HolderIdentity != nil {
+		holder = *l.Spec.HolderIdentity
+	}
+	var renew time.Time
+	if l.Spec.RenewTime != nil {
+		renew = l.Spec.RenewTime.Time
+	}
+	dur := e.duration
+	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
+		dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if holder == e.seenHolder && renew.Equal(e.seenRenew) {
+		return
+	}
+	e.seenHolder, e.seenRenew, e.seenAt = holder, renew, time.Now()
+	if holder != "" {
+		e.attemptFrom = time.Time{} // a holder renews: no free Lease to try
+	}
+	if e.expiry != nil {
+		e.expiry.Stop()
+		e.expiry = nil
+	}
+	if holder == "" || holder == e.identity {
+		return
+	}
+	e.expiry = time.AfterFunc(dur+expiryMargin, func() {
+		e.mu.Lock()
+		restart, leading, releasing := e.restart, e.v.leading, e.releasing
+		e.mu.Unlock()
+		if !leading && !releasing && restart != nil {
+			restart()
+		}
+	})
+}
+
+// expiryMargin is how long past the duration a Lease is taken as expired
+// by the watch's clock: the watch's event reaches this node a moment after
+// the renewal was written, so the holder's own view of its Lease ends a
+// little before this node's.
+const expiryMargin = 100 * time.Millisecond
+
+// expired reports whether rec, as the elector just read it, is another
+// node's Lease that the watch saw last renewed over its duration ago (the
+// same record: the holder has not renewed since). The fenced lock then
+// hands the elector the record as free, and the elector's update, which
+// is conditional on the resourceVersion read, takes it unless the holder
+// renewed in between.
+func (e *election) expired(rec *resourcelock.LeaderElectionRecord) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rec.HolderIdentity == "" || rec.HolderIdentity == e.identity || rec.HolderIdentity != e.seenHolder || !rec.RenewTime.Time.Equal(e.seenRenew) {
+		return false
+	}
+	dur := time.Duration(rec.LeaseDurationSeconds) * time.Second
+	if dur <= 0 {
+		dur = e.duration
+	}
+	return time.Since(e.seenAt) > dur+expiryMargin
 }
 
 // annotationTakeBack is the Lease annotation by which the preferred node
@@ -314,9 +436,24 @@ func takeBackRequest(l *coordinationv1.Lease, now time.Time, duration time.Durat
 	return node
 }
 
+// headStart reports whether this node, not the preferred one, must still
+// wait before it takes a free Lease: the preferred node gets one retry
+// period's head start, so that it wins an election both take part in.
+func (e *election) headStart(preferred string) bool {
+	if preferred == "" || preferred == e.identity {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.attemptFrom.IsZero() {
+		e.attemptFrom = time.Now()
+	}
+	return time.Since(e.attemptFrom) < e.retry
+}
+
 // askTakeBack writes the preferred node's take-back request on the Lease.
 func (e *election) askTakeBack(ctx context.Context) error {
-	l, err := e.client.Leases(e.ns).Get(ctx, e.name, metav1.GetOptions{})
+	l, err := e.watcher.Leases(e.ns).Get(ctx, e.name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -324,6 +461,6 @@ func (e *election) askTakeBack(ctx context.Context) error {
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[annotationTakeBack] = e.identity + " " + time.Now().UTC().Format(time.RFC3339)
-	_, err = e.client.Leases(e.ns).Update(ctx, l, metav1.UpdateOptions{})
+	_, err = e.watcher.Leases(e.ns).Update(ctx, l, metav1.UpdateOptions{})
 	return err
 }

@@ -135,6 +135,13 @@ type Role struct {
 	fenced   bool
 	// handing: a hand-over is under way; the role's objects go.
 	handing bool
+	// yieldTo is the preferred node this holder gives the role to (its
+	// take-back request, gateway.preferred.takeBack), since yieldAt; the
+	// Lease is released once the addresses are gone.
+	yieldTo string
+	yieldAt time.Time
+	// askedAt is when this preferred node last asked for the role back.
+	askedAt time.Time
 	state   State
 	since   time.Time
 	trans   int
@@ -172,6 +179,10 @@ func New(cfg Config) (*Role, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway role: Lease client: %w", err)
 	}
+	wc, err := coordclient.NewForConfig(rest.CopyConfig(cfg.Lease))
+	if err != nil {
+		return nil, fmt.Errorf("gateway role: Lease client: %w", err)
+	}
 	if r.lc, err = kube.NewLabelClient(cfg.Lease); err != nil {
 		return nil, fmt.Errorf("gateway role: %w", err)
 	}
@@ -185,7 +196,7 @@ func New(cfg Config) (*Role, error) {
 	}
 	l := cfg.Role.Lease
 	r.elect = &election{
-		client: lc, ns: l.Namespace, name: l.Name, identity: cfg.Identity,
+		client: lc, watcher: wc, ns: l.Namespace, name: l.Name, identity: cfg.Identity,
 		duration: l.Duration, renew: l.RenewDeadline, retry: l.RetryPeriod,
 		fence: r.fence, log: r.log, kick: r.kick, done: make(chan struct{}),
 	}
@@ -226,7 +237,7 @@ func (r *Role) Want() bool {
 
 func (r *Role) wantLocked(v leaseView) bool {
 	switch {
-	case r.handing, r.fenced:
+	case r.handing, r.fenced, r.yieldTo != "":
 		return false
 	case v.leading:
 		return true
@@ -348,11 +359,51 @@ func (r *Role) loop(ctx context.Context) {
 		case <-r.wake:
 		case <-tick.C:
 			r.retryFenced(ctx)
+			r.askBack(ctx)
 		}
 		if r.step() {
 			r.cfg.Changed()
 		}
 		r.labels(ctx)
+		r.mu.Lock()
+		release := r.yieldTo != "" && !r.present && r.synced && r.state != Holder
+		r.mu.Unlock()
+		if release && r.elect.view().leading {
+			r.elect.yield()
+		}
+	}
+}
+
+// askBack asks, as the preferred node with take-back on, for the role
+// another node holds: a fresh request on the Lease every retry period,
+// which the holder answers by handing the role over.
+func (r *Role) askBack(ctx context.Context) {
+	pref := r.cfg.Role.Preferred
+	if !pref.TakeBack || pref.Node != r.cfg.Identity {
+		return
+	}
+	v := r.elect.view()
+	r.mu.Lock()
+	ask := r.state == Standby && v.holder != "" && v.holder != r.cfg.Identity && v.err == nil
+	r.mu.Unlock()
+	if !ask {
+		return
+	}
+	if _, err := r.conn(); err != nil {
+		return // no link to serve from: nothing to ask for
+	}
+	c, cancel := context.WithTimeout(ctx, r.cfg.Role.Lease.RetryPeriod)
+	defer cancel()
+	if err := r.elect.askTakeBack(c); err != nil {
+		r.log.Debug("gateway role: asking for the role back", "err", err)
+		return
+	}
+	r.mu.Lock()
+	first := r.askedAt.IsZero()
+	r.askedAt = time.Now()
+	r.mu.Unlock()
+	if first {
+		r.log.Info("gateway role: the preferred node asks for the role back", "holder", v.holder)
 	}
 }
 
@@ -370,6 +421,15 @@ func (r *Role) step() bool {
 		// The Lease is another node's: whatever the wire said, this node
 		// is not the one to claim.
 		r.fenced = false
+	}
+	pref := r.cfg.Role.Preferred
+	switch {
+	case r.yieldTo == "" && v.leading && pref.TakeBack && v.takeBack != "" && v.takeBack == pref.Node && v.takeBack != r.cfg.Identity:
+		r.yieldTo, r.yieldAt = v.takeBack, time.Now()
+		r.log.Info("gateway role: handing the role to the preferred node, which asks for it back", "node", r.yieldTo)
+	case r.yieldTo != "" && (v.holder == r.yieldTo || time.Since(r.yieldAt) > 2*r.cfg.Role.Lease.Duration):
+		// Taken, or never taken: this node is a candidate like any other.
+		r.yieldTo = ""
 	}
 	want := r.wantLocked(v)
 	next := Standby
@@ -472,6 +532,15 @@ func (r *Role) labels(ctx context.Context) {
 // fence probes the wire for another node answering for the gateway
 // address: nil when nobody does.
 func (r *Role) fence(ctx context.Context) error {
+	r.mu.Lock()
+	yield := r.yieldTo
+	r.mu.Unlock()
+	if yield != "" {
+		return &errFenced{why: "handing the role to the preferred node " + yield}
+	}
+	if r.elect.headStart(r.cfg.Role.Preferred.Node) {
+		return &errFenced{why: "a head start for the preferred node " + r.cfg.Role.Preferred.Node}
+	}
 	if len(r.v4) == 0 {
 		return nil
 	}

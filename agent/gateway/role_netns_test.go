@@ -61,13 +61,18 @@ func roleConfig() config.Gateway {
 // start runs n's Role and its loop stand-in.
 func (n *node) start(t *testing.T, srv *kubetest.Server, lease *rest.Config) {
 	t.Helper()
+	n.startWith(t, srv, lease, roleConfig())
+}
+
+func (n *node) startWith(t *testing.T, srv *kubetest.Server, lease *rest.Config, rc config.Gateway) {
+	t.Helper()
 	nodeCfg, err := srv.NodeConfig(n.name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.log = &strings.Builder{}
 	changed := make(chan struct{}, 1)
-	r, err := New(Config{Role: roleConfig(), Identity: n.name, Lease: lease, Node: nodeCfg, Host: n.ns.Host,
+	r, err := New(Config{Role: rc, Identity: n.name, Lease: lease, Node: nodeCfg, Host: n.ns.Host,
 		Log: slog.New(slog.NewTextHandler(lockedWriter{&n.logMu, n.log}, nil)),
 		Changed: func() {
 			select {
@@ -163,15 +168,10 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) time.
 	return time.Since(start)
 }
 
-// TestRoleMovesByLeaseAndWire: two candidates against a real kube-apiserver
-// (Node,RBAC and NodeRestriction), with the shipped RBAC manifest's
-// ServiceAccount for the Lease and each node's own identity for its labels,
-// on one segment. One holds the role; a clean hand-over moves it within a
-// second or so; a holder cut from the API server but not from the wire
-// keeps it (its Lease runs out, but the standby hears it answer); a holder
-// that dies with its links takes the Lease duration and a retry to replace,
-// and its label goes with it.
-func TestRoleMovesByLeaseAndWire(t *testing.T) {
+// twoCandidates is the role's test bed: a real kube-apiserver with the
+// shipped RBAC manifest applied, and two candidates on one segment, each
+// with its own cuttable path to the API server.
+func twoCandidates(t *testing.T) (*kubetest.Server, *node, *node, func(*node) *rest.Config) {
 	if testenv.InVM() {
 		t.Skip("the host tier runs this: the VM has no etcd or kube-apiserver")
 	}
@@ -210,6 +210,53 @@ func TestRoleMovesByLeaseAndWire(t *testing.T) {
 			t.Logf("node-a:\n%s\nnode-b:\n%s", a.logs(), b.logs())
 		}
 	})
+	return srv, a, b, leaseVia
+}
+
+// TestPreferredNode: with gateway.preferred.node set, the preferred node
+// takes the role back from another holder when takeBack is on (it asks on
+// the Lease, the holder hands over), and leaves it where it is when it is
+// off.
+func TestPreferredNode(t *testing.T) {
+	srv, a, b, leaseVia := twoCandidates(t)
+	st := func(n *node) State { return n.role.Status().State }
+	for _, takeBack := range []bool{false, true} {
+		rc := roleConfig()
+		rc.Preferred = config.GatewayPreferred{Node: "node-a", TakeBack: takeBack}
+		b.startWith(t, srv, leaseVia(b), rc)
+		waitFor(t, "node-b holding the role", 20*time.Second, func() bool { return st(b) == Holder && b.has() })
+		a.startWith(t, srv, leaseVia(a), rc)
+		if !takeBack {
+			time.Sleep(4 * rc.Lease.RetryPeriod)
+			waitFor(t, "node-a standing by", 10*time.Second, func() bool { return st(a) == Standby })
+			if st(b) != Holder || a.has() {
+				t.Errorf("takeBack off: node-b %s, node-a %s; the role should stay with node-b", st(b), st(a))
+			}
+		} else {
+			took := waitFor(t, "node-a taking the role back", 20*time.Second, func() bool { return st(a) == Holder && a.has() && !b.has() && st(b) == Standby })
+			t.Logf("takeBack: the preferred node holds the role %s after it started", took.Round(time.Millisecond))
+		}
+		a.stop()
+		b.stop()
+		a.ns.TryExec("ip", "addr", "del", gw.String(), "dev", "shim0")
+		b.ns.TryExec("ip", "addr", "del", gw.String(), "dev", "shim0")
+	}
+}
+
+// TestRoleMovesByLeaseAndWire: two candidates against a real kube-apiserver
+// (Node,RBAC and NodeRestriction), with the shipped RBAC manifest's
+// ServiceAccount for the Lease and each node's own identity for its labels,
+// on one segment. One holds the role; a clean hand-over moves it within a
+// second or so; a holder cut from the API server but not from the wire
+// keeps it (its Lease runs out, but the standby hears it answer); a holder
+// that dies with its links takes the Lease duration and a retry to replace,
+// and its label goes with it.
+func TestRoleMovesByLeaseAndWire(t *testing.T) {
+	if testenv.InVM() {
+		t.Skip("the host tier runs this: the VM has no etcd or kube-apiserver")
+	}
+	srv, a, b, leaseVia := twoCandidates(t)
+	ctx := context.Background()
 	labelled := func() map[string]bool {
 		out := map[string]bool{}
 		for _, n := range []string{"node-a", "node-b"} {

@@ -49,9 +49,11 @@ type Gateway struct {
 	// Preferred is a node that holds the role whenever it is a candidate
 	// that can. Default: none, any candidate.
 	Preferred GatewayPreferred `yaml:"preferred"`
-	// Probe is the duplicate-address probe before a claim and the
-	// announcements after it (dad's fields). Default: 2 probes 200ms
-	// apart, 500ms of listening, 3 announcements.
+	// Probe is the duplicate-address probe of a claim and the
+	// announcements after it (dad's fields). A candidate probes the wire
+	// just before it takes the Lease, and once more after: a claim need
+	// not take RFC 5227's seconds. Default: 1 probe, 200ms of listening,
+	// 3 announcements 100ms apart.
 	Probe DAD `yaml:"probe"`
 }
 
@@ -95,9 +97,9 @@ const (
 	DefaultGatewayLeaseDuration  = 15 * time.Second
 	DefaultGatewayRenewDeadline  = 10 * time.Second
 	DefaultGatewayRetryPeriod    = 2 * time.Second
-	DefaultGatewayProbes         = 2
-	DefaultGatewayProbeInterval  = 200 * time.Millisecond
-	DefaultGatewayProbeWait      = 500 * time.Millisecond
+	DefaultGatewayProbes         = 1
+	DefaultGatewayProbeInterval  = 100 * time.Millisecond
+	DefaultGatewayProbeWait      = 200 * time.Millisecond
 	DefaultGatewayAnnouncements  = 3
 )
 

@@ -38,7 +38,7 @@ func TestGatewayDefaults(t *testing.T) {
 		g.Lease.RenewDeadline != 10*time.Second || g.Lease.RetryPeriod != 2*time.Second {
 		t.Errorf("lease defaults: %+v", g.Lease)
 	}
-	if g.Probe.Probes != 2 || g.Probe.Interval != 200*time.Millisecond || g.Probe.Wait != 500*time.Millisecond || g.Probe.Announcements != 3 {
+	if g.Probe.Probes != 1 || g.Probe.Interval != 100*time.Millisecond || g.Probe.Wait != 200*time.Millisecond || g.Probe.Announcements != 3 {
 		t.Errorf("probe defaults: %+v", g.Probe)
 	}
 	if got := g.GatewayPrefixes(); len(got) != 2 || got[0].String() != "10.10.50.1/24" {
