@@ -16,9 +16,11 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
 	"github.com/nodeagent/nodeagent/agent/gateway"
+	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
 	"github.com/nodeagent/nodeagent/agent/notify"
+	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/agent/waiting"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
@@ -42,8 +44,12 @@ type RunOptions struct {
 	Socket string
 	// SocketGroup may read the socket (default "nodeagent").
 	SocketGroup string
-	// MetricsAddr serves Prometheus metrics on this TCP address; "" is off.
+	// MetricsAddr serves Prometheus metrics on this TCP address, with the
+	// forwarded port in gluetun's shape; "" is off.
 	MetricsAddr string
+	// MetricsAPIKeyFile, when set, holds the key (one line; root's, mode
+	// 0600 or stricter) the forwarded port's endpoints ask for.
+	MetricsAPIKeyFile string
 	// Resync is the period of the full resync (default 30s).
 	Resync time.Duration
 	// Debounce gathers a burst of triggers into one sync (default 100ms).
@@ -62,6 +68,11 @@ type RunOptions struct {
 	// PIATimers are the PIA providers' timeouts (zero fields: defaults);
 	// tests shorten them.
 	PIATimers pia.Timers
+	// PortLostAfter and PortHookTimers are test knobs: how long a
+	// forwarded port may go unkept before it is lost (default 15m), and
+	// the port hooks' backoff and refusal waits (default hookrun's).
+	PortLostAfter  time.Duration
+	PortHookTimers portfwd.HookTimers
 	// PendingBound is how long objects may wait for a link the config
 	// does not create (a parent NIC) before the node is degraded for it
 	// (default waiting.DefaultBound; tests shorten it).
@@ -190,6 +201,9 @@ type Daemon struct {
 	polled func(pollResult)
 	// hookEv carries finished onChange runs back to the loop.
 	hookEv chan hookResult
+	// ports publishes the forwarded ports (DNAT's port, file, metric,
+	// hook); made at the first load (portPublisher).
+	ports *portfwd.Manager
 
 	// stager holds the staging devices of the start-up read (staging
 	// while it runs) until the first sync has taken them; nil after.
@@ -339,10 +353,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	if d.o.MetricsAddr != "" {
+		var key string
+		if d.o.MetricsAPIKeyFile != "" {
+			if key, err = metrics.ReadAPIKey(d.o.MetricsAPIKeyFile); err != nil {
+				return fmt.Errorf("metrics API key: %w", err)
+			}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, d.log); err != nil {
+			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, key, d.log); err != nil {
 				d.log.Error("metrics", "err", err)
 			}
 		}()
@@ -352,9 +372,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer wg.Done()
 		d.labeler.Run(ctx)
 	}()
+	d.portPublisher().Start(ctx)
 	d.runCtx = ctx
 	d.setRole()
-	return d.loop(ctx, sig)
+	err = d.loop(ctx, sig)
+	d.stopHooks()
+	return err
+}
+
+// stopHooks ends the port hooks that run (their process groups: SIGTERM,
+// then SIGKILL after hookrun.KillGrace) and waits for them, so none is
+// left orphaned, or SIGKILLed by systemd before its clean-up ran.
+func (d *Daemon) stopHooks() {
+	d.ports.Stop()
+	if !d.ports.Wait(hookrun.KillGrace + 5*time.Second) {
+		d.log.Warn("stopping while a port hook has not ended")
+	}
 }
 
 // kickNow asks the loop for a sync for why; it never blocks, and why is

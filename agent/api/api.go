@@ -222,17 +222,38 @@ type PIATunnel struct {
 	RetryAt     *time.Time `json:"retryAt,omitempty"`
 	// ProbeFailures counts unanswered probes of the server in a row.
 	ProbeFailures int `json:"probeFailures,omitempty"`
-	// ForwardedPort is the port PIA forwards (0: none); PortExpires when
+	// ForwardedPort is the port PIA forwards, as published (DNAT, port
+	// file, metric): 0 without one, or once it is lost; PortExpires when
 	// its signature ends, LastBind the last good bind, PortError the last
 	// port-forwarding failure.
 	ForwardedPort int        `json:"forwardedPort,omitempty"`
 	PortExpires   *time.Time `json:"portExpires,omitempty"`
 	LastBind      *time.Time `json:"lastBind,omitempty"`
 	PortError     string     `json:"portError,omitempty"`
+	// PortTroubleSince is when the port stopped being kept bound (binds
+	// failing, the tunnel down); absent while it is.
+	PortTroubleSince *time.Time `json:"portTroubleSince,omitempty"`
+	// PortLost is the port lost after 15 minutes of trouble, and since
+	// when; absent while there is none.
+	PortLost *PortLost `json:"portLost,omitempty"`
 	// DNS is the resolver the VLAN's DNS is sent to (with pia.dns).
 	DNS string `json:"dns,omitempty"`
 	// PortHook is portForward.onChange's state; absent without one.
 	PortHook *PortHook `json:"portHook,omitempty"`
+}
+
+// PortRetry is the answer to POST /v1/port/retry: the devices whose port
+// hook was made to run now, or why none was.
+type PortRetry struct {
+	Devices []string `json:"devices"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// PortLost is a forwarded port that was lost: closed everywhere (no DNAT,
+// no port file, the metric at 0) until a port is bound again.
+type PortLost struct {
+	Port  int       `json:"port"`
+	Since time.Time `json:"since"`
 }
 
 // PortHook is the state of a PIA device's port hook (portForward.onChange).
@@ -241,6 +262,8 @@ type PortHook struct {
 	// Lost that the port was lost.
 	Port int  `json:"port"`
 	Lost bool `json:"lost,omitempty"`
+	// LostPort is the port lost, when Lost.
+	LostPort int `json:"lostPort,omitempty"`
 	// Delivered: the hook exited 0 for Port at its last run.
 	Delivered bool `json:"delivered"`
 	Running   bool `json:"running,omitempty"`
@@ -249,6 +272,13 @@ type PortHook struct {
 	LastRun   *time.Time `json:"lastRun,omitempty"`
 	LastExit  string     `json:"lastExit,omitempty"`
 	LastError string     `json:"lastError,omitempty"`
+	// LastTookSeconds is how long the last run took.
+	LastTookSeconds *float64 `json:"lastTookSeconds,omitempty"`
+	// Refused counts the runs in a row that exited 77 (credentials or key
+	// refused, or the node banned); Held: so many that the hook is not
+	// run again until `nodeagentctl port --retry` or a reload.
+	Refused int  `json:"refused,omitempty"`
+	Held    bool `json:"held,omitempty"`
 	// Attempts counts the failed runs for Port since it was last
 	// delivered; NextRun is when the hook runs next.
 	Attempts int        `json:"attempts"`

@@ -139,6 +139,20 @@ func (c *Client) Reload(ctx context.Context) (*Reload, error) {
 	return &r, nil
 }
 
+// RetryPortHook asks, by POST /v1/port/retry, for the port hook of device
+// (every PIA device's for "") to run now; root only.
+func (c *Client) RetryPortHook(ctx context.Context, device string) (*PortRetry, error) {
+	var r PortRetry
+	path := "/v1/port/retry"
+	if device != "" {
+		path += "?" + url.Values{"device": {device}}.Encode()
+	}
+	if err := c.do(ctx, http.MethodPost, path, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
 // Peers returns GET /v1/peers: every configured WireGuard device.
 func (c *Client) Peers(ctx context.Context) ([]WireGuardDevice, error) {
 	var devs []WireGuardDevice

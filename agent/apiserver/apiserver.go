@@ -48,6 +48,9 @@ type Backend interface {
 	Reload(ctx context.Context) api.Reload
 	// Healthy reports whether the reconcile loop is alive.
 	Healthy() bool
+	// RetryPortHook runs a PIA device's port hook now (every device's
+	// for "").
+	RetryPortHook(ctx context.Context, device string) api.PortRetry
 }
 
 // DefaultGroup is the group whose members may read the API.
@@ -353,6 +356,8 @@ func lookup(path string) (route, bool) {
 		return route{method: http.MethodPost, root: true, serve: (*server).reload}, true
 	case "/v1/peers":
 		return route{method: http.MethodGet, serve: (*server).peers}, true
+	case "/v1/port/retry":
+		return route{method: http.MethodPost, root: true, serve: (*server).portRetry}, true
 	case "/healthz":
 		return route{method: http.MethodGet, serve: (*server).healthz}, true
 	case "/readyz":
@@ -435,6 +440,23 @@ func (s *server) reload(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("config reload requested over the API", "peer_pid", p.pid, "applied", res.Applied, "config_hash", res.ConfigHash)
 	// A rejected config is still a successful call: Reload says why.
 	writeJSON(w, http.StatusOK, res)
+}
+
+// portRetry runs a port hook now: ?device=NAME, or every device's.
+func (s *server) portRetry(w http.ResponseWriter, r *http.Request) {
+	dev := r.URL.Query().Get("device")
+	if len(dev) > 15 || strings.ContainsFunc(dev, func(c rune) bool { return c <= ' ' || c == '/' || c > '~' }) {
+		writeError(w, http.StatusBadRequest, "device: not an interface name")
+		return
+	}
+	p := peerFrom(r.Context())
+	res := s.b.RetryPortHook(r.Context(), dev)
+	s.log.Info("port hook retry requested over the API", "peer_pid", p.pid, "device", dev, "retried", strings.Join(res.Devices, ","), "error", res.Error)
+	code := http.StatusOK
+	if res.Error != "" && len(res.Devices) == 0 {
+		code = http.StatusConflict
+	}
+	writeJSON(w, code, res)
 }
 
 func (s *server) peers(w http.ResponseWriter, r *http.Request) {

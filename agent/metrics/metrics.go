@@ -101,7 +101,7 @@ func New() *Metrics {
 		}, []string{"device", "kind"}),
 		forwardedPort: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "forwarded_port",
-			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
+			Help: "The port the VPN provider forwards to this node, by WireGuard device: 0 while port forwarding is on and no port is bound (none yet, or the port lost); no series with port forwarding off.",
 		}, []string{"device"}),
 		hookRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "port_hook_runs_total",
@@ -249,15 +249,18 @@ func (m *Metrics) SetKillSwitchDrops(n uint64) {
 	m.killSwitchDrops.Store(n)
 }
 
-// SetForwardedPort sets the port forwarded to device; port 0 (the
-// forwarding lapsed or was turned off) removes the series rather than
-// exporting a port nobody can use.
+// SetForwardedPort sets the port forwarded to device, a device with port
+// forwarding on: 0 while none is bound (none yet, or the port lost), so
+// that an alert sees "on, and no port" as a value, which an absent series
+// cannot say.
 func (m *Metrics) SetForwardedPort(device string, port int) {
-	if port <= 0 {
-		m.forwardedPort.DeleteLabelValues(device)
-		return
-	}
-	m.forwardedPort.WithLabelValues(device).Set(float64(port))
+	m.forwardedPort.WithLabelValues(device).Set(float64(max(port, 0)))
+}
+
+// ClearForwardedPort removes device's series: port forwarding turned off,
+// or the device gone.
+func (m *Metrics) ClearForwardedPort(device string) {
+	m.forwardedPort.DeleteLabelValues(device)
 }
 
 // Port hook results for PortHookRan.
@@ -325,26 +328,36 @@ func (m *Metrics) Handler() http.Handler {
 	})
 }
 
-// Serve serves /metrics on addr (e.g. "127.0.0.1:9477") until ctx ends. The
-// daemon only calls it when given an address: the metrics are read-only and
-// secret-free (peers are named by public key), but a listener is still
-// something an operator should choose to open.
-func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) error {
+// Serve serves /metrics, and the forwarded port (PortPaths, behind
+// apiKey when it is not ""), on addr (e.g. "127.0.0.1:9477") until ctx
+// ends. The daemon only calls it when given an address: the metrics are
+// read-only and secret-free (peers are named by public key), but a
+// listener is still something an operator should choose to open.
+func (m *Metrics) Serve(ctx context.Context, addr, apiKey string, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics listener %s: %w", addr, err)
 	}
-	return m.ServeListener(ctx, l, log)
+	return m.ServeListenerKey(ctx, l, apiKey, log)
 }
 
-// ServeListener is Serve on a listener the caller opened; it closes l.
+// ServeListener is Serve on a listener the caller opened, without an API
+// key; it closes l.
 func (m *Metrics) ServeListener(ctx context.Context, l net.Listener, log *slog.Logger) error {
+	return m.ServeListenerKey(ctx, l, "", log)
+}
+
+// ServeListenerKey is Serve on a listener the caller opened; it closes l.
+func (m *Metrics) ServeListenerKey(ctx context.Context, l net.Listener, apiKey string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
-	mux.Handle("/v1/portforward", m.PortForwardHandler())
+	pf := m.PortForwardHandler(apiKey)
+	for _, p := range PortPaths {
+		mux.Handle(p, pf)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

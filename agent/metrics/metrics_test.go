@@ -113,12 +113,15 @@ func TestGauges(t *testing.T) {
 	m.SetKillSwitchDrops(41)
 	m.SetKillSwitchDrops(1234)
 	m.SetForwardedPort("wg-pia", 47123)
-	m.SetForwardedPort("wg-old", 1000)
-	m.SetForwardedPort("wg-old", 0) // forwarding lapsed: series gone
+	m.SetForwardedPort("wg-lost", 1000)
+	m.SetForwardedPort("wg-lost", 0) // the port lost: 0, the series kept
+	m.SetForwardedPort("wg-off", 2000)
+	m.ClearForwardedPort("wg-off") // port forwarding turned off: series gone
 
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(`
-# HELP nodeagent_forwarded_port The port the VPN provider forwards to this node, by WireGuard device.
+# HELP nodeagent_forwarded_port The port the VPN provider forwards to this node, by WireGuard device: 0 while port forwarding is on and no port is bound (none yet, or the port lost); no series with port forwarding off.
 # TYPE nodeagent_forwarded_port gauge
+nodeagent_forwarded_port{device="wg-lost"} 0
 nodeagent_forwarded_port{device="wg-pia"} 47123
 # HELP nodeagent_killswitch_drops_total Packets the kill switch dropped, from nodeagent's named nftables counter.
 # TYPE nodeagent_killswitch_drops_total counter
@@ -330,7 +333,7 @@ func TestServe(t *testing.T) {
 }
 
 func TestServeBadAddr(t *testing.T) {
-	err := New().Serve(context.Background(), "127.0.0.1:notaport", nil)
+	err := New().Serve(context.Background(), "127.0.0.1:notaport", "", nil)
 	if err == nil || !strings.Contains(err.Error(), "metrics listener 127.0.0.1:notaport") {
 		t.Errorf("Serve(bad addr) = %v, want a wrapped listen error", err)
 	}

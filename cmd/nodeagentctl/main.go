@@ -54,7 +54,10 @@ Usage:
                                         and the running one stays
   nodeagentctl peers [-o table|json]    WireGuard devices and their peers
   nodeagentctl port [DEVICE]            the port PIA forwards to DEVICE (or the only PIA device): the
-                                        number alone, for scripts; exit 1 when there is none
+                                        number alone, for scripts; exit 1 when there is none (none bound
+                                        yet, or lost after 15 minutes without a good bind)
+  nodeagentctl port --retry [DEVICE]    run DEVICE's portForward.onChange now (every PIA device's
+                                        without DEVICE), also after credentials were refused (root only)
   nodeagentctl wait [--for=COND] [--timeout=DUR]
                                         poll every 250ms until COND holds; COND is ready (the default:
                                         converged with nothing failed, as READY=1; a degraded node is
@@ -71,6 +74,7 @@ Flags (accepted before or after the command):
   -o, --output FORMAT   with status and peers: table (default) or json (the API's JSON)
       --for COND        with wait: what to wait for (default ready)
       --timeout DUR     with wait: give up after DUR, e.g. 90s or 2m (default 5m; must be > 0)
+      --retry           with port: run the port hook now rather than print the port
       --version         print the version
   -h, --help            this help
 
@@ -90,7 +94,8 @@ Exit status:
   wait        0 COND holds, 1 timed out, interrupted or refused (a 4xx reply); an unreachable
               daemon is waited for, not reported
   plan, peers 0 success, 1 failure (plan: something could not be planned), 2 daemon unreachable
-  port        0 printed, 1 no port (yet) or no such device, 2 daemon unreachable or several devices
+  port        0 printed, 1 no port (yet, or lost) or no such device, 2 daemon unreachable or several devices;
+              with --retry 0 the hook runs, 1 refused (not root, no hook, no port yet), 2 unreachable
   reload      0 reloaded, 1 config rejected or reload refused (not root), 2 daemon unreachable
   any         2 usage error
 `
@@ -122,7 +127,7 @@ var commands = map[string]struct {
 	// optional: up to args arguments.
 	optional bool
 }{
-	"port":       {nil, 1, true},
+	"port":       {[]string{"retry"}, 1, true},
 	"status":     {[]string{"output"}, 0, false},
 	"plan":       {nil, 0, false},
 	"reload":     {nil, 0, false},
@@ -139,6 +144,7 @@ type options struct {
 	output  string
 	forCond string
 	timeout time.Duration
+	retry   bool
 	help    bool
 	version bool
 }
@@ -150,6 +156,7 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVarP(&o.output, "output", "o", "table", "table or json")
 	fs.StringVar(&o.forCond, "for", "ready", "what wait waits for")
 	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "how long wait waits")
+	fs.BoolVar(&o.retry, "retry", false, "run the port hook now")
 	fs.BoolVarP(&o.help, "help", "h", false, "help")
 	fs.BoolVar(&o.version, "version", false, "print the version")
 	return fs
@@ -228,6 +235,9 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	case "peers":
 		return c.peers(ctx, client, o.output)
 	case "port":
+		if o.retry {
+			return c.portRetry(ctx, client, rest)
+		}
 		return c.port(ctx, client, rest)
 	case "wait":
 		target, err := parseFor(o.forCond)
@@ -396,6 +406,9 @@ func (c *cli) port(ctx context.Context, client *api.Client, args []string) int {
 		return exitUsage
 	case found[0].ForwardedPort == 0:
 		why := "none forwarded yet"
+		if l := found[0].PortLost; l != nil {
+			why = fmt.Sprintf("port %d lost since %s (no good bind for 15 minutes; closed until one is bound again)", l.Port, l.Since.UTC().Format(time.RFC3339))
+		}
 		if found[0].PortError != "" {
 			why += ": " + clean(found[0].PortError)
 		}
@@ -403,6 +416,29 @@ func (c *cli) port(ctx context.Context, client *api.Client, args []string) int {
 		return exitFailure
 	}
 	fmt.Fprintln(c.stdout, found[0].ForwardedPort)
+	return exitOK
+}
+
+// portRetry asks the daemon to run a device's port hook now.
+func (c *cli) portRetry(ctx context.Context, client *api.Client, args []string) int {
+	dev := ""
+	if len(args) > 0 {
+		dev = args[0]
+	}
+	r, err := client.RetryPortHook(ctx, dev)
+	if err != nil {
+		var he *api.HTTPError
+		if errors.As(err, &he) && he.Code == http.StatusConflict {
+			// The daemon's reason is in the body, which do turned into
+			// the error's message.
+			fmt.Fprintf(c.stderr, "nodeagentctl: port --retry: %s\n", clean(he.Message))
+			return exitFailure
+		}
+		return c.fail("port --retry", err)
+	}
+	for _, d := range r.Devices {
+		fmt.Fprintf(c.stdout, "%s: port hook runs now (nodeagentctl status shows how it went)\n", clean(d))
+	}
 	return exitOK
 }
 

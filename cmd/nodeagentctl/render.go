@@ -154,6 +154,12 @@ func renderPIA(b *strings.Builder, t api.PIATunnel, now time.Time) {
 	if t.ForwardedPort != 0 {
 		field("forwarded port", "%d, bound %s, signature until %s", t.ForwardedPort, opt(t.LastBind), opt(t.PortExpires))
 	}
+	if l := t.PortLost; l != nil {
+		at := l.Since
+		field("forwarded port", "lost: %d since %s (last good bind %s); no DNAT, file or metric until a port is bound again", l.Port, opt(&at), opt(t.LastBind))
+	} else if t.PortTroubleSince != nil && t.ForwardedPort != 0 {
+		field("port trouble", "not kept bound since %s (lost after 15 minutes of it)", opt(t.PortTroubleSince))
+	}
 	if t.PortError != "" {
 		field("port error", "%s", clean(t.PortError))
 	}
@@ -186,6 +192,10 @@ func renderPortHook(field func(label, format string, args ...any), opt func(*tim
 		state = fmt.Sprintf("delivered port %d", h.Port)
 	case h.Running:
 		state = "running"
+	case h.Held:
+		state = fmt.Sprintf("credentials refused %d times in a row: not run again until fixed and `nodeagentctl port --retry`", h.Refused)
+	case h.Refused > 0:
+		state = "credentials refused"
 	case h.Attempts > 0:
 		state = "failing"
 	default:
@@ -196,7 +206,11 @@ func renderPortHook(field func(label, format string, args ...any), opt func(*tim
 	}
 	field("port hook", "%s", state)
 	if h.LastRun != nil {
-		field("hook last run", "%s, %s", opt(h.LastRun), dash(h.LastExit))
+		took := ""
+		if h.LastTookSeconds != nil {
+			took = fmt.Sprintf(", took %.1fs", *h.LastTookSeconds)
+		}
+		field("hook last run", "%s, %s%s", opt(h.LastRun), dash(h.LastExit), took)
 	}
 	if h.LastError != "" {
 		field("hook error", "%s", clean(h.LastError))

@@ -268,15 +268,22 @@ type PortForward struct {
 	// number.
 	ToPort int `yaml:"toPort"`
 	// OnChange is a command (argv, no shell; the first word an absolute
-	// path) that delivers the port: run for each new bound port, and when
-	// the port is lost, until it exits 0, retried after 5 s doubling to
-	// 5 min, and again every every with the current port. Its environment
-	// is only PATH, LC_ALL=C.UTF-8, NODEAGENT_PIA_DEVICE,
-	// NODEAGENT_PIA_PORT (the port; 0 once lost),
-	// NODEAGENT_PIA_PREVIOUS_PORT and NODEAGENT_PIA_PORT_LOST (1 or 0);
-	// it runs in its own process group, killed whole at hookTimeout; the
-	// first 4 KiB of its output are logged. The PortDelivered condition
-	// says whether it took the current port. Default: none.
+	// path to a file root owns, executable and not writable by group or
+	// others, outside /home, /root, /tmp and /var/tmp, which the unit's
+	// sandbox hides) that delivers the port: run for each new bound port,
+	// and when the port is lost (no good bind for 15 min), until it exits
+	// 0, retried after 5 s doubling to 5 min, and again every every with
+	// the current port. Exit 77 says the client refused its credentials
+	// or banned the node: the next attempt is 15 min later at the
+	// earliest, and after 3 in a row none until `nodeagentctl port
+	// --retry` or a reload. Its environment is only PATH,
+	// LC_ALL=C.UTF-8, NODEAGENT_PIA_DEVICE, NODEAGENT_PIA_PORT (the port;
+	// 0 once lost), NODEAGENT_PIA_PREVIOUS_PORT and
+	// NODEAGENT_PIA_PORT_LOST (1 or 0); it runs in its own process group,
+	// killed whole at hookTimeout and when the daemon stops; the first 4
+	// KiB of its output are logged. The PortDelivered condition says
+	// whether it took the current port. The package ships
+	// qbittorrent-port and transmission-port. Default: none.
 	OnChange []string `yaml:"onChange"`
 	// Every is how often onChange runs again after a success, with the
 	// current port, so a client that lost it is put right: 5s-24h, or 0

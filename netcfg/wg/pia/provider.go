@@ -294,6 +294,12 @@ type Provider struct {
 	pfErr    string
 	pfTried  bool // a new signature was tried after a failed bind
 	pfN      int  // consecutive port-forwarding failures
+	// pfTrouble is when the first port-forwarding call failed since the
+	// last good bind (zero: none did); sickSince when the tunnel was last
+	// seen going unhealthy (zero while healthy). PortTroubleSince reads
+	// them.
+	pfTrouble time.Time
+	sickSince time.Time
 	// DNS: the resolver found answering, and when to look again.
 	dnsActive netip.Addr
 	dnsBusy   bool
@@ -351,7 +357,10 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 		// Bound again from the saved payload, without a new signature;
 		// the port stays published, and onChange is not run again.
 		p.sig, p.port, p.notified = pf.Sig, pf.Port, pf.Notified
+		p.bound, p.pfTrouble = pf.LastBind, pf.FailingSince
 	}
+	// Not healthy until a handshake is seen: as if it went down now.
+	p.sickSince = p.now()
 	if r := b.Saved.Reg; r != nil && r.PublicKey == b.Key.PublicKey().String() && p.regionAllows(r.Region) && p.adoptable(r) {
 		// Re-adopt: the device runs with this registration (or will, once
 		// configured); the handshake says whether it is alive.
@@ -498,6 +507,7 @@ func (p *Provider) SetStandby(on bool) bool {
 // the registration's server's, and the next holder binds its own.
 func (p *Provider) loseRole() {
 	p.sig, p.port, p.bound, p.pfErr, p.pfN, p.pfTried = nil, 0, time.Time{}, "", 0, false
+	p.pfTrouble, p.sickSince = time.Time{}, time.Time{}
 }
 
 // Standby reports whether the provider stands by (SetStandby).
@@ -537,6 +547,7 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 	}
 	wasHealthy := p.healthy
 	defer func() {
+		p.noteHealth(now)
 		if p.healthy != wasHealthy {
 			changed = true
 			if p.healthy {
@@ -718,6 +729,7 @@ func (p *Provider) fail(now time.Time, reason string, serverFault bool) {
 	wasHealthy := p.healthy && serverFault
 	if serverFault {
 		p.healthy = false
+		p.noteHealth(now)
 		p.needReg, p.configured, p.probeFails = true, time.Time{}, 0
 		if s, ok := p.server(); ok {
 			p.fails[s.CN]++
@@ -1177,7 +1189,7 @@ func (p *Provider) handle(ctx context.Context, res any) bool {
 func (p *Provider) save() {
 	v := Saved{Token: p.token, TokenAt: p.tokenAt, Reg: p.reg}
 	if p.sig != nil || p.port != 0 {
-		v.PF = &SavedPF{Sig: p.sig, Port: p.port, Notified: p.notified}
+		v.PF = &SavedPF{Sig: p.sig, Port: p.port, Notified: p.notified, LastBind: p.bound, FailingSince: p.pfTrouble}
 	}
 	if err := p.cfg.Store.Save(p.cfg.Device, v); err != nil {
 		p.log.Warn("saving the registration", "err", err)
@@ -1209,6 +1221,9 @@ type Status struct {
 	PortExpires time.Time
 	LastBind    time.Time
 	PortError   string
+	// PortTroubleSince is when the port stopped being kept bound
+	// (PortTroubleSince); zero while it is, or without a port.
+	PortTroubleSince time.Time
 	// DNS is the resolver the DNS redirect sends to.
 	DNS netip.Addr
 }
@@ -1243,6 +1258,7 @@ func (p *Provider) Status() Status {
 		s.RetryAt = p.retryAt
 	}
 	s.Port, s.LastBind, s.PortError = p.port, p.bound, p.pfErr
+	s.PortTroubleSince = p.PortTroubleSince(p.now())
 	if p.sig != nil && p.sig.Port == p.port {
 		s.PortExpires = p.sig.Expires
 	}
