@@ -19,6 +19,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 )
@@ -230,12 +231,31 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 			des.Nft = t.firewall(dev.Name, des.Nft, 0, pia.DefaultDNS)
 		default:
 			des.WG.Devices[i] = t.p.Device(dev)
+			des.Route.Routes = routesWait(des.Route.Routes, des.WG.Devices[i])
 			// The port as published now: none once it is lost.
 			port := d.portPublisher().Judge(dev.Name, t.bind(), time.Now()).Port
 			des.Nft = t.firewall(dev.Name, des.Nft, port, t.p.DNS())
 		}
 	}
 	return des
+}
+
+// routesWait is rs without the IPv4 routes through dev while dev has no
+// IPv4 address (a PIA device before its registration: a take-over of the
+// gateway role, a start). Forwarded traffic routed into the device then
+// would be masqueraded to another interface's address, since the device
+// has none of its own, and conntrack would keep that for the flow: the
+// VLAN's connections stayed stuck after the tunnel came up. Meanwhile
+// the kill switch's unreachable route answers them, and nothing is
+// masqueraded. (PIA gives no IPv6 address; IPv6 routes are left as the
+// config has them.)
+func routesWait(rs []route.Route, dev wg.Device) []route.Route {
+	if slices.ContainsFunc(dev.Addrs, func(a netip.Prefix) bool { return a.Addr().Is4() }) {
+		return rs
+	}
+	return slices.DeleteFunc(slices.Clone(rs), func(r route.Route) bool {
+		return r.Dev == dev.Name && r.To.Addr().Is4()
+	})
 }
 
 // firewall is n with the tunnel's forwarded port DNATed to pf.to, and

@@ -674,8 +674,8 @@ func (l *gwLab) holds(h *gwNode, within time.Duration) time.Duration {
 		}
 	}()
 	return waitFor(l.t, h.name+" holding the role, the others standing by, the label on "+h.name+" alone", within, func() bool {
-		if l.state(h) != "Holder" || !l.labels.only(h.name) {
-			return false
+		if hs, err := h.status(l.t); err != nil || hs.Gateway == nil || hs.Gateway.State != "Holder" || hs.Gateway.Holder != h.name || !hs.Gateway.LeaseOK || !l.labels.only(h.name) {
+			return false // (the holder's Lease renewed too, not only its address in place)
 		}
 		for _, o := range l.nodes {
 			if o != h && o.cmd != nil {
