@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
+	"github.com/nodeagent/nodeagent/agent/clientapi"
 	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/agent/kube"
@@ -216,6 +218,11 @@ type Daemon struct {
 	// reqs are the API's requests, answered by the loop.
 	reqs chan request
 
+	// clients serves nodeagentctl peer add|disable|enable|remove; peersAt
+	// is when the loop last read the peers' figures for the API.
+	clients *clientapi.Manager
+	peersAt time.Time
+
 	// mu guards status.
 	mu     sync.Mutex
 	status api.Status
@@ -255,6 +262,9 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
 	d.waits.Bound = o.PendingBound
+	d.clients = clientapi.New(d.Status, o.Log.With("subsystem", "clients"))
+	// A scrape reads the peers' figures as of now (at most once a second).
+	d.metrics.SetRefresh(func(ctx context.Context) { d.Peers(ctx) })
 	d.host = o.Host
 	if d.host == nil {
 		h, err := host.Current()
@@ -285,7 +295,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d.labeler = kube.New(kc, d.log)
 	d.us = wg.NewUserspace(d.log.With("subsystem", "wireguard"))
-	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us}
+	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}
 	d.setCondition(api.CondReady, api.False, "Starting", "the first sync has not finished")
 	return d, nil
 }
@@ -464,6 +474,23 @@ func (d *Daemon) Reload(ctx context.Context) api.Reload {
 		return api.Reload{Errors: []string{err.Error()}}
 	}
 	return r
+}
+
+// AddPeer, ChangePeer and Peers implement apiserver.PeerBackend.
+func (d *Daemon) AddPeer(ctx context.Context, req api.PeerAdd) (api.PeerAdded, error) {
+	return d.clients.Add(ctx, req)
+}
+
+func (d *Daemon) ChangePeer(ctx context.Context, action string, req api.PeerChange) (api.PeerChanged, error) {
+	return d.clients.Change(ctx, action, req)
+}
+
+func (d *Daemon) Peers(ctx context.Context) []api.WireGuardDevice {
+	devs, err := ask(ctx, d, func(reply chan []api.WireGuardDevice) request { return peersRequest{reply} })
+	if err != nil {
+		return d.Status().WireGuard
+	}
+	return devs
 }
 
 // Healthy implements apiserver.Backend: the loop completed a pass within

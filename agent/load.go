@@ -70,6 +70,7 @@ func (d *Daemon) load(why trigger) error {
 	d.quietRuns = 0
 	d.loadGen, d.rawSum, d.dirIDs = r.gen, sha256.Sum256(r.raw), r.dirs
 	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(d.rawSum[:8])
+	d.clients.SetConfig(r.cfg)
 	d.setWarnings(r.cfg)
 	d.want.Store(interestOf(r.des, d.waitingFor))
 	d.setPIA(r.pia)

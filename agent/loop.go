@@ -28,6 +28,7 @@ const (
 	trigReload           // the sync after a reload asked over the API (the config is read already)
 	trigProvider         // a PIA provider registered, or gave up a registration
 	trigPeers            // register files changed (fileWatch.take names them)
+	trigExpiry           // a WireGuard peer's expires came (netcfg.NextExpiry)
 )
 
 func (t trigger) String() string {
@@ -52,6 +53,8 @@ func (t trigger) String() string {
 		return "provider"
 	case trigPeers:
 		return "peers"
+	case trigExpiry:
+		return "expiry"
 	}
 	return ""
 }
@@ -131,6 +134,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	// waitDue fires when objects waiting for a missing link reach the
 	// bound: the sync then degrades the node, not the next resync.
 	var waitDue <-chan time.Time
+	// expiry fires when a peer's expires comes: the sync then takes it
+	// out of its device, not the next resync.
+	var expiry <-chan time.Time
 	// parked: the poll waits for wgChanged (every device is this
 	// process's, in userspace, and converged), its timer only a safety
 	// net. A poll that keeps the interval keeps this too.
@@ -217,6 +223,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			waitDue = nil
 			pending = merge(pending, trigResync)
 			arm(0)
+		case <-expiry:
+			expiry = nil
+			pending = merge(pending, trigExpiry)
+			arm(0)
 		case <-wgPoll.C:
 			poll()
 		case <-wgChanged:
@@ -252,7 +262,13 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				sync = d.syncPeers
 			}
 			began := time.Now()
-			if err := sync(ctx, why); err != nil {
+			err := sync(ctx, why)
+			if next := netcfg.NextExpiry(d.desired, time.Now()); !next.IsZero() {
+				expiry = time.After(time.Until(next) + 10*time.Millisecond)
+			} else {
+				expiry = nil
+			}
+			if err != nil {
 				d.failures++
 				backoff := min(time.Second<<min(d.failures-1, 5), maxBackoff)
 				retry = time.After(backoff)

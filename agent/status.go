@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/clientapi"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
@@ -126,7 +127,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
 	}
-	devs := d.wgStatus.devices(post.WG)
+	devs := clientapi.WithHeld(d.wgStatus.devices(post.WG), d.desired.At(time.Now()).WG)
 	d.metrics.SyncDone(why.String(), dur, failedSubs)
 	// Tunnel health is a PIA tunnel's (publishPIA sets it from the
 	// provider); a plain device's peers show in the WireGuard series.
@@ -291,7 +292,8 @@ func (d *Daemon) publishPeers(why trigger, start time.Time, ops []wg.Op, rep pla
 			}
 		}
 	}
-	d.status.WireGuard = ws
+	d.status.WireGuard = clientapi.WithHeld(ws, d.desired.At(time.Now()).WG)
+	d.metrics.SetWireGuard(d.status.WireGuard)
 	dur := time.Since(start)
 	d.setLastSync(why, start, dur, changes)
 	d.mu.Unlock()

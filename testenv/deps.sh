@@ -15,6 +15,7 @@ pkgs=(
 if [ "$what" = test ]; then
   pkgs+=(
     tcpdump                                   # watching for leaks
+    zbar-tools                                # zbarimg decodes the QR code nodeagentctl peer add draws (cmd/nodeagentctl)
     dbus-daemon                               # a private bus for the NetworkManager stand-in (netcfg/nmbus)
     prometheus                                # promtool and the server (monitoring tests)
     qemu-system-x86 busybox-static xz-utils   # the VM tier (testenv/vm)

@@ -10,7 +10,9 @@
 //	GET  /v1/status   Status
 //	GET  /v1/plan     Plan: what a sync would change now
 //	POST /v1/reload   Reload: re-read the config (root only)
-//	GET  /v1/peers    []WireGuardDevice
+//	GET  /v1/peers    []WireGuardDevice, the figures read now
+//	POST /v1/peers/add      PeerAdd -> PeerAdded (see peers.go)
+//	POST /v1/peers/disable  PeerChange -> PeerChanged; also enable, remove
 //	GET  /healthz     200 while the reconcile loop runs
 //	GET  /readyz      200 once the first full convergence is done and the node is not degraded
 package api
@@ -322,6 +324,12 @@ type WireGuardPeer struct {
 	TxBytes             int64    `json:"txBytes"`
 	AllowedIPs          []string `json:"allowedIPs"`
 	Live                bool     `json:"live"`
+	// State is "" for a peer in the device, "disabled" or "expired" for
+	// one its file keeps out of it (Reason says why); Expires is when a
+	// peer with expires leaves the device.
+	State   string     `json:"state,omitempty"`
+	Reason  string     `json:"reason,omitempty"`
+	Expires *time.Time `json:"expires,omitempty"`
 }
 
 // Plan is what GET /v1/plan returns: the dry run of a sync now.

@@ -66,6 +66,8 @@ type Metrics struct {
 	killSwitchDrops atomic.Uint64
 
 	wg *wireGuardCollector
+	// refresh, when set, is run before a scrape (SetRefresh).
+	refresh atomic.Pointer[func(context.Context)]
 }
 
 // New returns a Metrics with every metric registered on a fresh registry.
@@ -319,12 +321,16 @@ func (m *Metrics) SetPendingObjects(n int) {
 
 // Handler serves the registry in the Prometheus exposition formats.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
+	h := promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
 		// A failing collector (say /proc unreadable) should cost its own
 		// series, not the whole scrape.
 		ErrorHandling:       promhttp.ContinueOnError,
 		MaxRequestsInFlight: 4,
 		Timeout:             10 * time.Second,
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.refreshNow(r.Context())
+		h.ServeHTTP(w, r)
 	})
 }
 
@@ -404,6 +410,11 @@ type wireGuardCollector struct {
 	handshakeAge *prometheus.Desc
 	peers        *prometheus.Desc
 	livePeers    *prometheus.Desc
+	peerRx       *prometheus.Desc
+	peerTx       *prometheus.Desc
+	peerAge      *prometheus.Desc
+	peerState    *prometheus.Desc
+	byState      *prometheus.Desc
 
 	mu sync.Mutex
 	// devs is the last snapshot, reduced to what the metrics need.
@@ -414,6 +425,13 @@ type wgDevice struct {
 	name      string
 	peers     int
 	livePeers int
+	// own are the peers with series of their own (MaxPeerSeries in all);
+	// other sums the rest, nOther of them.
+	own    []wgPeer
+	other  wgPeer
+	nOther int
+	// states counts the peers by state.
+	states map[string]int
 	// latest is the device's most recent handshake with any peer (zero:
 	// none); when only an age was given, it is derived from it at set time
 	// so the age still grows until the next snapshot.
@@ -425,6 +443,21 @@ func newWireGuardCollector(now func() time.Time) *wireGuardCollector {
 		now: now,
 		// Per device, not per peer: a remote-access server has thousands
 		// of peers, and a label per key would be a series each.
+		peerRx: prometheus.NewDesc(namespace+"_wireguard_peer_receive_bytes_total",
+			fmt.Sprintf("Bytes received from the peer, by device and peer name (the first %d peers by device and name; the rest summed under peer=%q).", MaxPeerSeries, OtherPeers),
+			[]string{"device", "peer"}, nil),
+		peerTx: prometheus.NewDesc(namespace+"_wireguard_peer_transmit_bytes_total",
+			fmt.Sprintf("Bytes sent to the peer, by device and peer name (the first %d peers by device and name; the rest summed under peer=%q).", MaxPeerSeries, OtherPeers),
+			[]string{"device", "peer"}, nil),
+		peerAge: prometheus.NewDesc(namespace+"_wireguard_peer_handshake_age_seconds",
+			fmt.Sprintf("Seconds since the peer's last completed handshake (the first %d peers by device and name); omitted while it has none.", MaxPeerSeries),
+			[]string{"device", "peer"}, nil),
+		peerState: prometheus.NewDesc(namespace+"_wireguard_peer_state",
+			fmt.Sprintf("The peer's state, 1 for the one it is in: live (a handshake younger than 3 minutes), idle, disabled or expired (the first %d peers by device and name).", MaxPeerSeries),
+			[]string{"device", "peer", "state"}, nil),
+		byState: prometheus.NewDesc(namespace+"_wireguard_peers_by_state",
+			"Peers of the device in each state (live, idle, disabled, expired), every peer counted.",
+			[]string{"device", "state"}, nil),
 		handshakeAge: prometheus.NewDesc(namespace+"_wireguard_latest_handshake_age_seconds",
 			"Seconds since the device's most recent completed handshake with any peer (for a PIA tunnel, its server); omitted while none has completed.",
 			[]string{"device"}, nil),
@@ -440,9 +473,15 @@ func newWireGuardCollector(now func() time.Time) *wireGuardCollector {
 func (c *wireGuardCollector) set(devs []api.WireGuardDevice) {
 	now := c.now()
 	snap := make([]wgDevice, 0, len(devs))
+	budget := MaxPeerSeries
 	for _, d := range devs {
-		sd := wgDevice{name: d.Name, peers: len(d.Peers), livePeers: d.LivePeers}
+		sd := wgDevice{name: d.Name, livePeers: d.LivePeers, states: map[string]int{}}
+		budget = sd.addPeers(d.Peers, now, budget)
 		for _, p := range d.Peers {
+			if p.State != "" {
+				continue // held out of the device
+			}
+			sd.peers++
 			var at time.Time
 			switch {
 			case p.LastHandshake != nil && !p.LastHandshake.IsZero():
@@ -468,6 +507,11 @@ func (c *wireGuardCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.handshakeAge
 	ch <- c.peers
 	ch <- c.livePeers
+	ch <- c.peerRx
+	ch <- c.peerTx
+	ch <- c.peerAge
+	ch <- c.peerState
+	ch <- c.byState
 }
 
 // Collect implements prometheus.Collector.
@@ -484,5 +528,6 @@ func (c *wireGuardCollector) Collect(ch chan<- prometheus.Metric) {
 			age := max(now.Sub(d.latest).Seconds(), 0) // a clock step must not export a negative age
 			ch <- prometheus.MustNewConstMetric(c.handshakeAge, prometheus.GaugeValue, age, d.name)
 		}
+		c.collectPeers(ch, d, now)
 	}
 }

@@ -205,7 +205,7 @@ nodeagent_wireguard_peers{device="wg-gone"} 0
 nodeagent_wireguard_peers{device="wg-pia"} 1
 nodeagent_wireguard_peers{device="wg0"} 3
 `
-	if err := testutil.CollectAndCompare(m.wg, strings.NewReader(want)); err != nil {
+	if err := testutil.CollectAndCompare(m.wg, strings.NewReader(want), "nodeagent_wireguard_live_peers", "nodeagent_wireguard_latest_handshake_age_seconds", "nodeagent_wireguard_peers"); err != nil {
 		t.Error(err)
 	}
 
@@ -238,7 +238,7 @@ nodeagent_wireguard_latest_handshake_age_seconds{device="wg0"} 0
 # HELP nodeagent_wireguard_peers Peers configured on the WireGuard device.
 # TYPE nodeagent_wireguard_peers gauge
 nodeagent_wireguard_peers{device="wg0"} 2
-`)); err != nil {
+`), "nodeagent_wireguard_live_peers", "nodeagent_wireguard_latest_handshake_age_seconds", "nodeagent_wireguard_peers"); err != nil {
 		t.Error(err)
 	}
 

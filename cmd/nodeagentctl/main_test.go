@@ -204,8 +204,8 @@ func TestStatus(t *testing.T) {
 			"  Converged     True    Synced     1h59m  3 changes",
 			"  ConfigLoaded  True    -          2h0m",
 			"  wg0 (kernel), public key SRVpubKeyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, listening on 51820, 1/2 peers live",
-			"    laptop       203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32",
-			"    PHNpubKeyC…  -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128",
+			"    laptop       live   203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32",
+			"    PHNpubKeyC…  idle   -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128",
 		}},
 		{"degraded", degradedStatus, 1, []string{
 			"      State: ready, degraded (SafeApply=False)",
@@ -296,9 +296,9 @@ Subsystems:
 
 WireGuard:
   wg0 (kernel), public key SRVpubKeyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, listening on 51820, 1/2 peers live
-    PEER         ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
-    laptop       203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
-    PHNpubKeyC…  -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
+    PEER         STATE  ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
+    laptop       live   203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
+    PHNpubKeyC…  idle   -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
 
   wg-pia (absent), 0/0 peers live
     problem: pia: login failed: HTTP 401
@@ -509,9 +509,9 @@ func TestPeers(t *testing.T) {
 	sock := daemon(t, &fake{peers: devs})
 	r := run(t, nil, "peers", "--socket", sock)
 	want := `wg0 (kernel), public key SRVpubKeyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, listening on 51820, 1/2 peers live
-  PEER         ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
-  laptop       203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
-  PHNpubKeyC…  -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
+  PEER         STATE  ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
+  laptop       live   203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
+  PHNpubKeyC…  idle   -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
 `
 	if d := cmp.Diff(result{0, want, ""}, r, cmp.AllowUnexported(result{})); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
@@ -733,7 +733,11 @@ func TestBashCompletion(t *testing.T) {
 		words []string // the last is the word being completed
 		want  string
 	}{
-		{[]string{""}, "status plan reload peers port wait completion version help"},
+		{[]string{""}, "status plan reload peers peer port wait completion version help"},
+		{[]string{"peer", ""}, "add disable enable remove"},
+		{[]string{"peer", "add", "phone", "--"}, "--socket --help --device --ip --description --expires --full-tunnel --via --qr --qr-png"},
+		{[]string{"peer", "disable", "phone", "--"}, "--socket --help --device"},
+		{[]string{"peer", "add", "phone", "--expires", ""}, "1d 7d 30d 90d 365d"},
 		{[]string{"--v"}, "--version"},
 		{[]string{"st"}, "status"},
 		{[]string{"status", "-o", ""}, "table json"},

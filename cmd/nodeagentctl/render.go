@@ -293,17 +293,38 @@ func renderDevices(b *strings.Builder, devs []api.WireGuardDevice, now time.Time
 			continue
 		}
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "%s  PEER\tENDPOINT\tHANDSHAKE\tRX\tTX\tALLOWED IPS\n", indent)
+		fmt.Fprintf(tw, "%s  PEER\tSTATE\tENDPOINT\tHANDSHAKE\tRX\tTX\tALLOWED IPS\n", indent)
 		for _, p := range d.Peers {
 			name := clean(p.Name)
 			if name == "" {
 				name = shortKey(p.PublicKey)
 			}
-			fmt.Fprintf(tw, "%s  %s\t%s\t%s\t%s\t%s\t%s\n", indent, name, dash(p.Endpoint), handshake(p, now),
+			fmt.Fprintf(tw, "%s  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", indent, name, peerState(p, now), dash(p.Endpoint), handshake(p, now),
 				humanBytes(p.RxBytes), humanBytes(p.TxBytes), dash(strings.Join(p.AllowedIPs, ",")))
 		}
 		tw.Flush()
 	}
+}
+
+// peerState is a peer's state for the table: live (a handshake in the
+// last 3 minutes) or idle while it is in the device, with its expiry;
+// disabled, or expired and since when, while its file keeps it out.
+func peerState(p api.WireGuardPeer, now time.Time) string {
+	var s string
+	switch {
+	case p.State == "expired" && p.Expires != nil:
+		return "expired " + ago(*p.Expires, now)
+	case p.State != "":
+		return clean(p.State)
+	case p.Live:
+		s = "live"
+	default:
+		s = "idle"
+	}
+	if p.Expires != nil {
+		s += ", expires in " + compact(p.Expires.Sub(now))
+	}
+	return s
 }
 
 // handshake is a peer's last handshake as an age, or "never".

@@ -213,6 +213,8 @@ func (v *validator) validate(c *Config) {
 	v.routing(c.Routing)
 	v.piaRouting(c)
 	v.firewall(c.Firewall)
+	v.killSwitchTo(c.Firewall)
+	v.clients(c)
 	v.kubernetes(c)
 	v.adoptLabels(c.Kubernetes)
 	v.checks(c.Checks)
@@ -576,6 +578,7 @@ func (v *validator) peer(p string, peer WGPeer, seen peerSeen) {
 		}
 	}
 	v.intRange(fieldPath(p, "persistentKeepalive"), peer.PersistentKeepalive, 0, 65535)
+	v.peerLife(p, peer)
 }
 
 // Reserved routing tables (rt_tables): they exist in every kernel, so rules

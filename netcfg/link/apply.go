@@ -89,7 +89,7 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			// No detection: the address is on this link, only in another
 			// form or without the mark. One that lacks only the mark is
 			// never deleted to get it (the package comment).
-			_, err = h.AddrReown(host.Addr{LinkIndex: index[o.Link], Prefix: o.Addr, Flags: o.OldAddr.Flags}, len(o.OldAddr.Form) == 0)
+			_, err = h.AddrReown(host.Addr{LinkIndex: index[o.Link], Prefix: o.Addr, Flags: o.OldAddr.Flags}, o.InPlace || len(o.OldAddr.Form) == 0)
 			if err == nil && o.Addr.Addr().Is4() {
 				mem := claimsOf(h)
 				mem.mu.Lock()
