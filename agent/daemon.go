@@ -17,6 +17,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
 	"github.com/nodeagent/nodeagent/agent/clientapi"
+	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
@@ -100,6 +101,13 @@ type Daemon struct {
 	// labeler labels the Node in its own goroutine: labels are eventually
 	// consistent and never hold up networking.
 	labeler *kube.Labeler
+	// role is the gateway role (nil without one); roleStop ends it, and
+	// roleKey is the config it runs with (the loop's alone). runCtx is
+	// Run's, which the role's goroutines live in.
+	role     *gateway.Role
+	roleStop context.CancelFunc
+	roleKey  string
+	runCtx   context.Context
 	// wgStatus makes the status's WireGuard devices (the loop's alone).
 	wgStatus wgStatus
 	// kicked holds the triggers kickNow was given since the loop last
@@ -375,6 +383,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.labeler.Run(ctx)
 	}()
 	d.portPublisher().Start(ctx)
+	d.runCtx = ctx
+	d.setRole()
 	err = d.loop(ctx, sig)
 	d.stopHooks()
 	return err

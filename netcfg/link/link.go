@@ -78,6 +78,11 @@ type Desired struct {
 	Links []Link
 	// DAD configures duplicate-address detection; nil turns it off.
 	DAD *arp.Config
+	// Claim is, per address, the detection and announcements its claim
+	// takes instead of DAD's: a role's gateway address, which must move
+	// between nodes within a second or two and be announced so that
+	// neighbours follow (agent/gateway). Used whether DAD is on or off.
+	Claim map[netip.Addr]arp.Config
 }
 
 // ObservedLink is one link as the kernel has it.
