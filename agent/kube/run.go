@@ -8,15 +8,12 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 )
@@ -268,26 +265,13 @@ func (e *credentialsError) Unwrap() error { return e.err }
 
 // newClient builds a client from cfg's credentials.
 func newClient(cfg Config) (*nodeClient, error) {
-	var rc *rest.Config
-	var err error
-	switch {
-	case cfg.RESTConfig != nil:
-		rc = rest.CopyConfig(cfg.RESTConfig)
-	case cfg.Kubeconfig != "":
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
-		rc, err = rest.InClusterConfig()
-	default:
-		rc, err = clientcmd.BuildConfigFromFlags("", DefaultKubeconfig)
-	}
+	rc, err := RESTConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	rc.UserAgent = "nodeagent"
 	if rc.Timeout == 0 {
 		rc.Timeout = requestTimeout
 	}
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return capBodies{rt} })
 	return newNodeClient(rc)
 }
 
