@@ -28,14 +28,17 @@ func TestCoexistenceNamesNetworkd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put("proc/77/comm", "systemd-network\n")
 	put("etc/systemd/networkd.conf", "[Network]\n#ManageForeignRoutes=yes\n")
 	caught, match := "enp1s0.50", "Name=en*"
 	if !l.vlan {
 		caught, match = "shim0", "Kind=macvlan"
 	}
 	put("usr/lib/systemd/network/20-uplink.network", "[Match]\n"+match+"\n[Network]\nDHCP=yes\n")
-	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Hazards = hazard.Paths{Root: root}; o.Resync = 300 * time.Millisecond })
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) {
+		o.Hazards = hazard.Paths{Root: root}
+		o.HazardSystem = &hazard.System{Networkd: true, Udev: true, Version: 252}
+		o.Resync = 300 * time.Millisecond
+	})
 	cond := func() *api.Condition { s := r.d.Status(); return s.Condition(api.CondCoexistence) }
 	waitFor(t, "Coexistence False", 10*time.Second, func() bool { c := cond(); return c != nil && c.Status == api.False })
 	c := cond()

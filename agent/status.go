@@ -112,7 +112,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		if time.Since(d.hazardAt) >= repairLook {
 			d.evalHazards()
 		}
-		d.repairCauses(repairs)
+		d.nb.Causes(repairs)
 	}
 	d.syncedHash = d.hash
 	replaced := nft.Replaced(res.Report)

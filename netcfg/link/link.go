@@ -91,6 +91,9 @@ type ObservedLink struct {
 	// it still has host.CreatingGroup and no alias.
 	Interrupted bool
 	Addrs       []ObservedAddr
+	// AltNames are its alternative names (the neighbour checks read them:
+	// networkd's Name= matches them too).
+	AltNames []string
 }
 
 // ObservedAddr is one address on an observed link.

@@ -43,7 +43,7 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		o.Links[l.Name] = ObservedLink{
 			Index: l.Index, Name: l.Name, Kind: l.Kind, Parent: byIndex[l.ParentIndex],
 			VLANID: l.VLANID, Mode: modeName(l), MTU: l.MTU, Up: l.Up,
-			Owned: owned, Interrupted: interrupted,
+			Owned: owned, Interrupted: interrupted, AltNames: l.AltNames,
 		}
 		keep[l.Index] = l.Name
 	}
