@@ -69,3 +69,40 @@ func (d *Daemon) neighbourChanged() {
 	default:
 	}
 }
+
+// checkFights counts the repairs of a drift sync per object (package
+// fight), backs off an object repaired too often, lets go of one whose
+// repair held, and sets the Conflict condition from what is backed off: the
+// object, the rate and the program most likely doing it (absent until a
+// first fight). A new config starts afresh.
+func (d *Daemon) checkFights(drift bool, res netcfg.Result) {
+	now := time.Now()
+	switch {
+	case d.hash != d.syncedHash:
+		d.fights.Reset()
+	case drift:
+		for _, f := range d.fights.Record(res.Report, res.Applied.Guarded(), now) {
+			if time.Since(d.hazardAt) >= repairLook {
+				d.evalHazards()
+			}
+			d.log.Warn("backing off: another program keeps changing nodeagent's object back", "object", f.Object, "rate", f.Rate,
+				"suspect", d.nb.Suspect(f.Kind, f.Object, f.Text), "now", "repaired once per resync until a repair holds")
+		}
+	}
+	for _, f := range d.fights.Expire(now) {
+		d.log.Info("no longer backing off: nodeagent's repair held", "object", f.Object, "repairs", f.Repairs)
+	}
+	fs := d.fights.Fights()
+	if len(fs) == 0 {
+		// Absent until a first fight; True once it is over.
+		if d.condition(api.CondConflict) != nil {
+			d.setCondition(api.CondConflict, api.True, "NoFight", "")
+		}
+		return
+	}
+	msgs := make([]string, len(fs))
+	for i, f := range fs {
+		msgs[i] = d.fights.Describe(f, d.nb.Suspect(f.Kind, f.Object, f.Text))
+	}
+	d.setCondition(api.CondConflict, api.False, "BackedOff", strings.Join(msgs, "; "))
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
+	"github.com/nodeagent/nodeagent/agent/fight"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
 	"github.com/nodeagent/nodeagent/agent/neighbours"
@@ -72,6 +73,12 @@ type RunOptions struct {
 	// bus (whether networkd runs, its version, ...): tests set it.
 	Hazards      hazard.Paths
 	HazardSystem *hazard.System
+	// FightBound and FightWindow back off an object repaired FightBound
+	// times within FightWindow (agent/fight; zero: its defaults, 10 in a
+	// minute). Tests that delete one object many times in a row to time
+	// its repair raise the bound.
+	FightBound  int
+	FightWindow time.Duration
 	// TestHooks turns on SIGUSR2, which wedges the reconcile loop for a
 	// minute, so tests can prove the watchdog notices.
 	TestHooks bool
@@ -115,8 +122,10 @@ type Daemon struct {
 	hazardObs  link.Observed
 	nb         *neighbours.Neighbours
 	neighbours chan struct{}
-	want       atomic.Pointer[interest]
-	files      *fileWatch
+	// fights backs off an object another program keeps changing back.
+	fights fight.Tracker
+	want   atomic.Pointer[interest]
+	files  *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).
@@ -222,6 +231,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
 	d.waits.Bound = o.PendingBound
+	d.fights.Bound, d.fights.Window = o.FightBound, o.FightWindow
 	d.host = o.Host
 	if d.host == nil {
 		h, err := host.Current()

@@ -75,6 +75,13 @@ const (
 	// hook fails (it is retried with backoff). Absent when no device has
 	// an onChange. It neither degrades the node nor holds back Ready.
 	CondPortDelivered = "PortDelivered"
+	// Conflict: no object is in a fight with another program. False names
+	// each object nodeagent backed off (repaired agent/fight's bound of
+	// times within its window, and since then repaired once per resync
+	// instead of at once), how often it was changed back and the program
+	// most likely doing it. It degrades the node while it lasts; it does
+	// not hold back Ready. The kill switch is never backed off.
+	CondConflict = "Conflict"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.

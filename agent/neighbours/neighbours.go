@@ -174,6 +174,9 @@ func (n *Neighbours) Look(links []hazard.Link, routing bool) []hazard.Hazard {
 // Eval looks (Look), keeps what it found for Causes, and logs a new set
 // at WARN, each hazard with its fix, once; it returns the hazards.
 func (n *Neighbours) Eval(links []hazard.Link, routing bool) []hazard.Hazard {
+	if n == nil {
+		return nil
+	}
 	hs := n.Look(links, routing)
 	n.found = hs
 	lines := make([]string, len(hs))
@@ -190,7 +193,12 @@ func (n *Neighbours) Eval(links []hazard.Link, routing bool) []hazard.Hazard {
 }
 
 // Found are the hazards the last Eval found.
-func (n *Neighbours) Found() []hazard.Hazard { return n.found }
+func (n *Neighbours) Found() []hazard.Hazard {
+	if n == nil {
+		return nil
+	}
+	return n.found
+}
 
 // Causes logs, at WARN and once per cause for the daemon's life, the
 // hazards that explain the repairs (kind to count) of a drift sync: an
@@ -198,6 +206,9 @@ func (n *Neighbours) Found() []hazard.Hazard { return n.found }
 // not a line per repair. A repair no known hazard explains is logged once
 // per kind. It returns whether anything was logged.
 func (n *Neighbours) Causes(repairs map[string]int) bool {
+	if n == nil {
+		return false
+	}
 	if n.causes == nil {
 		n.causes = map[string]bool{}
 	}
@@ -243,4 +254,35 @@ func Once(ctx context.Context, p hazard.Paths, d netcfg.Desired, obs link.Observ
 // delete foreign rules and routes matter then.
 func Routing(d netcfg.Desired) bool {
 	return len(d.Route.Rules) > 0 || len(d.Route.Routes) > 0
+}
+
+// Suspect names the program most likely changing an object nodeagent
+// keeps repairing: a hazard found that explains its kind on its link (or
+// a setting that explains its kind), else what the form it came back in
+// suggests (text is the repair's plan line).
+func (n *Neighbours) Suspect(kind, object, text string) string {
+	var found []hazard.Hazard
+	if n != nil {
+		found = n.found
+	}
+	onLink := func(l string) bool {
+		return l != "" && (object == "link "+l || strings.HasSuffix(object, " on "+l) || strings.Contains(object, " dev "+l))
+	}
+	for _, pass := range []func(hazard.Hazard) bool{
+		func(h hazard.Hazard) bool { return onLink(h.Link) },
+		func(h hazard.Hazard) bool { return h.Link == "" },
+	} {
+		for _, h := range found {
+			if slices.Contains(h.Kinds, kind) && pass(h) {
+				return h.Manager + " (" + h.Source + ")"
+			}
+		}
+	}
+	switch {
+	case strings.Contains(text, "_lft"):
+		return "a DHCP client or NetworkManager (it came back with a lease's lifetime); no known neighbour's configuration explains it"
+	case strings.Contains(text, "noprefixroute"):
+		return "NetworkManager or a DHCP client (it came back as noprefixroute); no known neighbour's configuration explains it"
+	}
+	return "unknown: no known neighbour's configuration explains it"
 }

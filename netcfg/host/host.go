@@ -184,3 +184,10 @@ func (e *PendingError) Error() string { return "pending: " + e.Reason }
 type SkippedError struct{ Reason string }
 
 func (e *SkippedError) Error() string { return e.Reason }
+
+// HeldError is a repair held back on purpose: another program keeps
+// changing the object, and nodeagent repairs it less often rather than
+// fight (agent/fight). It is reported, not a failure.
+type HeldError struct{ Reason string }
+
+func (e *HeldError) Error() string { return "held: " + e.Reason }
