@@ -164,3 +164,52 @@ func TestFightBackedOff(t *testing.T) {
 		t.Errorf("%d back-off lines, want 1", n)
 	}
 }
+
+// TestRenamedOrRealiasedLinkStaysOurs: another program renames the shim
+// (as udev's .link Name= does when it appears) or overwrites its alias,
+// nodeagent's mark (udev's Alias=, an ifupdown description): the daemon
+// gives the link its name or its mark back, the same link (its ifindex),
+// never deleting it and making it again, and never reading it as foreign.
+func TestRenamedOrRealiasedLinkStaysOurs(t *testing.T) {
+	l := newLab(t)
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) {
+		o.Hazards, o.HazardSystem = hazard.Paths{Root: t.TempDir()}, &hazard.System{}
+	})
+	n := l.node
+	ifindex := func() string {
+		out, err := n.TryExec("ip", "-o", "link", "show", "shim0")
+		if err != nil {
+			return ""
+		}
+		i, _, _ := strings.Cut(out, ":")
+		return i
+	}
+	before := ifindex()
+	for i := range 3 {
+		// In one batch, as udev renames a link that is down: the daemon's
+		// debounce is longer than the batch.
+		n.Exec(t, "sh", "-c", "printf 'link set shim0 down\nlink set shim0 name mv0\nlink set mv0 up\n' | ip -batch -")
+		waitFor(t, "shim0 back", 5*time.Second, func() bool { return ifindex() == before })
+		out := n.Exec(t, "ip", "-d", "link", "show", "shim0")
+		if !strings.Contains(out, "alias nodeagent") || !strings.Contains(out, "state UP") {
+			t.Errorf("rename %d: shim0 came back as %s", i, out)
+		}
+		n.Exec(t, "ip", "link", "set", "shim0", "alias", "lab")
+		waitFor(t, "the mark back", 5*time.Second, func() bool {
+			out, _ := n.TryExec("ip", "-d", "link", "show", "shim0")
+			return strings.Contains(out, "alias nodeagent")
+		})
+	}
+	if got := ifindex(); got != before {
+		t.Errorf("shim0 is a new link (ifindex %s, was %s)", got, before)
+	}
+	log := r.log.String()
+	for _, want := range []string{"rename back from mv0", "another program changed its alias"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log lacks %q", want)
+		}
+	}
+	if strings.Contains(log, "exists and was not created by nodeagent") || strings.Contains(log, `op="- link shim0`) {
+		t.Error("the link was taken for a foreign one, or deleted")
+	}
+}

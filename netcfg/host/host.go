@@ -11,6 +11,7 @@ package host
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
@@ -44,6 +45,42 @@ type Host struct {
 	// AddrProto reports whether the kernel keeps IFA_PROTO on addresses
 	// (Linux 6.1 and later).
 	AddrProto bool
+
+	oursMu sync.Mutex
+	// ours are the links last seen as nodeagent's, by ifindex: their
+	// names (Owned).
+	ours map[int]string
+}
+
+// Owned reports whether l is nodeagent's: its alias is LinkAlias; it was
+// born with CreatingGroup and not marked yet (in flight: interrupted); or
+// it was seen as nodeagent's under this index and name and its alias has
+// been changed since by another program (udev's Alias=, an ifupdown
+// description: aliasLost). The kernel gives no new link the index of one
+// that exists, and reuses none unasked, so an index and name seen as
+// nodeagent's stay nodeagent's however the alias changes. Each call of
+// Owned over a dump is followed by Seen with what it found.
+func (h *Host) Owned(l Link) (owned, interrupted, aliasLost bool) {
+	if l.Alias == LinkAlias {
+		return true, false, false
+	}
+	if l.Group == CreatingGroup {
+		return true, true, false
+	}
+	h.oursMu.Lock()
+	defer h.oursMu.Unlock()
+	if name, ok := h.ours[l.Index]; ok && name == l.Name && name != "" {
+		return true, true, true
+	}
+	return false, false, false
+}
+
+// Seen records which links of a whole dump are nodeagent's (index to
+// name), forgetting the others.
+func (h *Host) Seen(ours map[int]string) {
+	h.oursMu.Lock()
+	h.ours = ours
+	h.oursMu.Unlock()
 }
 
 // Current returns a Host for the namespace of the calling process.
