@@ -203,8 +203,16 @@ func TestRenamedOrRealiasedLinkStaysOurs(t *testing.T) {
 	if got := ifindex(); got != before {
 		t.Errorf("shim0 is a new link (ifindex %s, was %s)", got, before)
 	}
+	// ifdown and ifup (systemctl restart networking with a stanza for the
+	// link): deleted and made again just like it at once by another
+	// program. It takes the place of nodeagent's and is taken for it.
+	n.Exec(t, "sh", "-c", "printf 'link del shim0\nlink add shim0 link enp1s0 type macvlan mode bridge\nlink set shim0 up\n' | ip -batch -")
+	waitFor(t, "the remade link marked, with its address", 5*time.Second, func() bool {
+		out, _ := n.TryExec("ip", "-d", "addr", "show", "shim0")
+		return strings.Contains(out, "alias nodeagent") && strings.Contains(out, "10.10.50.3/24")
+	})
 	log := r.log.String()
-	for _, want := range []string{"rename back from mv0", "another program changed its alias"} {
+	for _, want := range []string{"rename back from mv0", "another program changed its alias", "another program made it again in the place of nodeagent's"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %q", want)
 		}

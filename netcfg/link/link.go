@@ -88,10 +88,11 @@ type ObservedLink struct {
 	Up     bool
 	Owned  bool
 	// Interrupted reports a link nodeagent created but did not get to mark:
-	// it still has host.CreatingGroup and no alias; or (AliasLost) one it
-	// saw as its own whose alias another program has changed since.
-	Interrupted, AliasLost bool
-	Addrs                  []ObservedAddr
+	// it still has host.CreatingGroup and no alias; or one that is
+	// nodeagent's for another reason, Remark (host.Owned).
+	Interrupted bool
+	Remark      string
+	Addrs       []ObservedAddr
 	// AltNames are its alternative names (the neighbour checks read them:
 	// networkd's Name= matches them too).
 	AltNames []string
@@ -231,8 +232,8 @@ func (o Op) String() string {
 	case OpRenameLink:
 		s = fmt.Sprintf("link %s (%s): rename back from %s, which another program named it", o.Link, describe(o.Desired), o.Old.Name)
 	case OpAdoptLink:
-		if o.Old.AliasLost {
-			s = fmt.Sprintf("link %s mark (another program changed its alias, nodeagent's mark)", o.Link)
+		if o.Old.Remark != "" {
+			s = fmt.Sprintf("link %s mark (%s)", o.Link, o.Old.Remark)
 		} else if o.Old.Interrupted {
 			s = fmt.Sprintf("link %s mark (its creation was interrupted)", o.Link)
 		} else {

@@ -33,15 +33,16 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 	o := Observed{Links: map[string]ObservedLink{}, MACs: map[int]net.HardwareAddr{}}
 	keep := map[int]string{}
 	h := s.Host()
-	ours := map[int]string{}
+	h.LinksDumped(links)
+	ours := map[int]host.Link{}
 	for _, l := range links {
 		o.MaxIndex = max(o.MaxIndex, l.Index)
 		// Born with the in-flight group and not marked yet, or seen as
 		// nodeagent's and its alias changed since by another program:
 		// nodeagent's, to be marked again.
-		owned, interrupted, aliasLost := h.Owned(l)
+		owned, interrupted, remark := h.Owned(l)
 		if owned {
-			ours[l.Index] = l.Name
+			ours[l.Index] = l
 		}
 		if !owned && !named[l.Name] {
 			continue
@@ -50,7 +51,7 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		o.Links[l.Name] = ObservedLink{
 			Index: l.Index, Name: l.Name, Kind: l.Kind, Parent: byIndex[l.ParentIndex],
 			VLANID: l.VLANID, Mode: modeName(l), MTU: l.MTU, Up: l.Up,
-			Owned: owned, Interrupted: interrupted, AliasLost: aliasLost, AltNames: l.AltNames,
+			Owned: owned, Interrupted: interrupted, Remark: remark, AltNames: l.AltNames,
 		}
 		keep[l.Index] = l.Name
 	}
