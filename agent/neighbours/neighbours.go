@@ -93,6 +93,7 @@ func (n *Neighbours) system() hazard.System {
 		if o.Native == "" {
 			o.Native = s.Native
 		}
+		o.Ifupdown = o.Ifupdown || s.Ifupdown
 		return o
 	}
 	n.mu.Lock()
@@ -162,7 +163,7 @@ func (n *Neighbours) Look(links []hazard.Link, routing bool) []hazard.Hazard {
 		out = append(out, hz)
 	}
 	out = append(out, hazard.Udev(p, s, links)...)
-	out = append(out, hazard.Ifupdown(p, links)...)
+	out = append(out, hazard.Ifupdown(p, s, links)...)
 	var names []string
 	for _, l := range links {
 		names = append(names, l.Name)

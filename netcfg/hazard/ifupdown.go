@@ -178,7 +178,10 @@ func (s stanza) deletes() (bool, string) {
 // its addresses; a description sets its alias, nodeagent's mark), and a
 // stanza for a link's parent whose ifdown deletes the parent, and with it
 // the link.
-func Ifupdown(p Paths, links []Link) []Hazard {
+func Ifupdown(p Paths, s System, links []Link) []Hazard {
+	if !s.Ifupdown {
+		return nil
+	}
 	c := p.readIfupdown()
 	if len(c.stanzas) == 0 {
 		return nil

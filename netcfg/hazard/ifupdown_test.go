@@ -48,7 +48,7 @@ func TestIfupdown(t *testing.T) {
 		}, map[string]string{"shim0": "(auto:"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hs := Ifupdown(tree(t, tc.files), all)
+			hs := Ifupdown(tree(t, tc.files), System{Ifupdown: true}, all)
 			got := map[string]Hazard{}
 			for _, h := range hs {
 				got[h.Link] = h
@@ -65,5 +65,10 @@ func TestIfupdown(t *testing.T) {
 				t.Errorf("got %v, want %v", hs, tc.want)
 			}
 		})
+	}
+	// Without ifupdown installed its files do nothing.
+	p := tree(t, map[string]string{"etc/network/interfaces": "auto enp7s0.50\niface enp7s0.50 inet manual\n"})
+	if hs := Ifupdown(p, System{}, all); hs != nil {
+		t.Errorf("without ifupdown: %v", hs)
 	}
 }

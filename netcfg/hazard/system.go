@@ -21,6 +21,9 @@ type System struct {
 	// is read-write): networkd then takes each link's udev device, whose
 	// DEVTYPE is its Type= and whose properties Path= and Property= test.
 	Udev bool
+	// Ifupdown reports whether ifupdown is installed (/sbin/ifup): its
+	// stanzas matter only then.
+	Ifupdown bool
 	// Version is the major version of the node's systemd (PID 1's, which
 	// networkd and udevd come with); 0 when not known: the newest rules.
 	Version int
@@ -86,6 +89,7 @@ func (p Paths) ReadSystem() System {
 	// networkd's udev_available() tests. nodeagent's own /sys is
 	// read-only in its sandbox, so its own mounts say nothing.
 	s.Udev = exists(p.path("run/udev/control"))
+	s.Ifupdown = exists(p.path("sbin/ifup")) || exists(p.path("usr/sbin/ifup"))
 	s.Native = goArch()
 	s.NetworkdUser = lookupUser(p, "systemd-network")
 	return s
