@@ -72,13 +72,14 @@ func parseLink(m []byte) (Link, error) {
 			l.Group = native.Uint32(v)
 		case unix.IFLA_ADDRESS:
 			l.HardwareAddr = net.HardwareAddr(append([]byte(nil), v...))
-		case unix.IFLA_PROP_LIST:
+		case unix.IFLA_PROP_LIST | unix.NLA_F_NESTED, unix.IFLA_PROP_LIST:
+			// The kernel marks this nest NLA_F_NESTED (nla_nest_start).
 			props, err := nl.ParseRouteAttr(v)
 			if err != nil {
 				return l, err
 			}
 			for _, p := range props {
-				if p.Attr.Type == unix.IFLA_ALT_IFNAME {
+				if p.Attr.Type&nl.NLA_TYPE_MASK == unix.IFLA_ALT_IFNAME {
 					l.AltNames = append(l.AltNames, unix.ByteSliceToString(p.Value))
 				}
 			}
