@@ -23,7 +23,7 @@ const (
 // DEVTYPE is vlan and ethtool names its driver "802.1Q VLAN Support"; a
 // macvlan has no DEVTYPE (so its Type= is ether, from ARPHRD_ETHER) and
 // the macvlan driver; a WireGuard link's DEVTYPE is wireguard, its ARPHRD
-// none, and it has no address and no ethtool driver. Neither a VLAN nor a
+// none, its driver wireguard, and it has no address. Neither a VLAN nor a
 // macvlan has a permanent address: ethtool answers all zeros, which is
 // what networkd and udev then hold as the permanent address. The name is
 // the creator's (NET_NAME_USER); a VLAN's address is its parent's
@@ -36,7 +36,7 @@ func Predict(name, kind string, mac net.HardwareAddr) Link {
 	case "macvlan":
 		l.IfType, l.Driver, l.AddrAssignType = 1, "macvlan", netAddrSet
 	case "wireguard":
-		l.IfType, l.DevType, l.MAC = 65534, "wireguard", nil
+		l.IfType, l.DevType, l.Driver, l.MAC = 65534, "wireguard", "wireguard", nil
 	}
 	if len(l.MAC) > 0 {
 		l.PermMAC = make(net.HardwareAddr, len(l.MAC))

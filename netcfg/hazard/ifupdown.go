@@ -187,11 +187,23 @@ func Ifupdown(p Paths, s System, links []Link) []Hazard {
 		return nil
 	}
 	var out []Hazard
+	ours := map[string]bool{}
+	children := map[string][]string{}
+	for _, l := range links {
+		ours[l.Name] = true
+		if l.Parent != "" {
+			children[l.Parent] = append(children[l.Parent], l.Name)
+		}
+	}
 	for _, l := range links {
 		if s, ok := c.stanza(l.Name); ok {
 			var what []string
 			if del, why := s.deletes(); del {
-				what = append(what, "ifup creates it (nodeagent then finds a link it did not make), "+why+" at ifdown and at systemctl stop or restart networking")
+				w := "ifup creates it (nodeagent then finds a link it did not make), " + why + " at ifdown and at systemctl stop or restart networking"
+				if kids := children[l.Name]; len(kids) > 0 {
+					w += ", and the kernel deletes " + strings.Join(kids, " and ") + " with it"
+				}
+				what = append(what, w)
 			} else {
 				what = append(what, "ifup configures it as ifupdown's, ifdown (and systemctl stop or restart networking) sets it down and removes its addresses")
 			}
@@ -204,7 +216,9 @@ func Ifupdown(p Paths, s System, links []Link) []Hazard {
 				Kinds: []string{"link", "address", "route"}})
 			continue
 		}
-		if l.Parent == "" {
+		// A parent of ours with a stanza is named above, with its
+		// children: one cause, one hazard.
+		if l.Parent == "" || ours[l.Parent] {
 			continue
 		}
 		s, ok := c.stanza(l.Parent)

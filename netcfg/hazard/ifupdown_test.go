@@ -23,20 +23,21 @@ func TestIfupdown(t *testing.T) {
 		}, nil, ""},
 		{"auto enp7s0.50", map[string]string{
 			"etc/network/interfaces": "auto lo\niface lo inet loopback\n\nauto enp7s0.50\niface enp7s0.50 inet manual\n",
-		}, map[string]string{"enp7s0.50": "(auto: at boot and at every systemctl restart networking): ifup creates it", "shim0": "the kernel deletes shim0 with it"},
+		}, map[string]string{"enp7s0.50": "(auto: at boot and at every systemctl restart networking): ifup creates it (nodeagent then finds a link it did not make), ifdown deletes it (ip link del) at ifdown and at systemctl stop or restart networking, and the kernel deletes shim0 with it"},
 			"remove the stanza iface enp7s0.50 (/etc/network/interfaces:5) and enp7s0.50 from its auto line (/etc/network/interfaces:4)"},
 		{"a stanza in interfaces.d, by hand only", map[string]string{
 			"etc/network/interfaces":          "source-directory interfaces.d\n",
 			"etc/network/interfaces.d/vlan50": "iface enp7s0.50 inet static\n    address 10.10.50.1/24\n",
 			"etc/network/interfaces.d/skip.x": "iface wg0 inet manual\n",
-		}, map[string]string{"enp7s0.50": "(by hand: ifup and ifdown)", "shim0": "the parent of nodeagent's link shim0"}, "/etc/network/interfaces.d/vlan50:1"},
+		}, map[string]string{"enp7s0.50": "(by hand: ifup and ifdown)"}, "/etc/network/interfaces.d/vlan50:1"},
 		{"allow-hotplug and a description", map[string]string{
 			"etc/network/interfaces": "allow-hotplug wg0\niface wg0 inet manual\n  description lab tunnel\n",
 		}, map[string]string{"wg0": `alias to "lab tunnel"`}, "allow-hotplug line"},
-		{"the parent of the shim is an ifupdown VLAN: the kernel takes the shim with it", map[string]string{
+		{"the parent of the shim is our VLAN: one hazard names both", map[string]string{
 			"etc/network/interfaces":     "source interfaces.d/*\n",
 			"etc/network/interfaces.d/a": "auto enp7s0.50\niface enp7s0.50 inet manual\n",
-		}, map[string]string{"enp7s0.50": "ifdown deletes it", "shim0": "the kernel deletes shim0 with it"}, "/etc/network/interfaces.d/a:2"},
+		}, map[string]string{"enp7s0.50": "ifdown deletes it"}, "/etc/network/interfaces.d/a:2"},
+		// A parent not of nodeagent's whose ifdown deletes it.
 		{"a bridge parent", map[string]string{
 			"etc/network/interfaces": "auto enp7s0\niface enp7s0 inet manual\n  bridge_ports eth0\n",
 		}, map[string]string{"enp7s0.50": "the parent of nodeagent's link enp7s0.50"}, ""},
