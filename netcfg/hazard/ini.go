@@ -201,34 +201,8 @@ func extractWords(s string, mode int) (words []string, bad bool) {
 				break
 			}
 			c := s[i]
-			if quote != 0 {
-				switch {
-				case c == quote:
-					quote = 0
-					i++
-					continue
-				case c == '\\' && !retainEscape:
-					if i+1 >= len(s) {
-						return words, true
-					}
-					n, ok := unescapeOne(s[i+1:], mode)
-					if !ok {
-						return words, true
-					}
-					w.WriteString(n.text)
-					i += 1 + n.width
-					continue
-				}
-				w.WriteByte(c)
-				i++
-				continue
-			}
-			if unquote && (c == '\'' || c == '"') {
-				quote = c
-				i++
-				continue
-			}
 			if c == '\\' && !retainEscape {
+				// An escape, inside quotes or out.
 				if i+1 >= len(s) {
 					return words, true
 				}
@@ -238,6 +212,20 @@ func extractWords(s string, mode int) (words []string, bad bool) {
 				}
 				w.WriteString(n.text)
 				i += 1 + n.width
+				continue
+			}
+			if quote != 0 {
+				if c == quote {
+					quote = 0
+				} else {
+					w.WriteByte(c)
+				}
+				i++
+				continue
+			}
+			if unquote && (c == '\'' || c == '"') {
+				quote = c
+				i++
 				continue
 			}
 			if strings.IndexByte(whitespace, c) >= 0 {
