@@ -36,7 +36,7 @@ build:
 test: deps
 	@mkdir -p $(LOGDIR); status=0; \
 	$(GO) run ./testenv/cmd/kubeapiserver || status=1; \
-	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -timeout 20m -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
+	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -timeout 45m -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
 	$(VMTEST) -timeout 20m $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
 	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
 	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \
