@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -14,11 +15,15 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
+	"github.com/nodeagent/nodeagent/agent/clientapi"
 	"github.com/nodeagent/nodeagent/agent/fight"
+	"github.com/nodeagent/nodeagent/agent/gateway"
+	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
 	"github.com/nodeagent/nodeagent/agent/neighbours"
 	"github.com/nodeagent/nodeagent/agent/notify"
+	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/agent/waiting"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
@@ -43,8 +48,12 @@ type RunOptions struct {
 	Socket string
 	// SocketGroup may read the socket (default "nodeagent").
 	SocketGroup string
-	// MetricsAddr serves Prometheus metrics on this TCP address; "" is off.
+	// MetricsAddr serves Prometheus metrics on this TCP address, with the
+	// forwarded port in gluetun's shape; "" is off.
 	MetricsAddr string
+	// MetricsAPIKeyFile, when set, holds the key (one line; root's, mode
+	// 0600 or stricter) the forwarded port's endpoints ask for.
+	MetricsAPIKeyFile string
 	// Resync is the period of the full resync (default 30s).
 	Resync time.Duration
 	// Debounce gathers a burst of triggers into one sync (default 100ms).
@@ -63,6 +72,11 @@ type RunOptions struct {
 	// PIATimers are the PIA providers' timeouts (zero fields: defaults);
 	// tests shorten them.
 	PIATimers pia.Timers
+	// PortLostAfter and PortHookTimers are test knobs: how long a
+	// forwarded port may go unkept before it is lost (default 15m), and
+	// the port hooks' backoff and refusal waits (default hookrun's).
+	PortLostAfter  time.Duration
+	PortHookTimers portfwd.HookTimers
 	// PendingBound is how long objects may wait for a link the config
 	// does not create (a parent NIC) before the node is degraded for it
 	// (default waiting.DefaultBound; tests shorten it).
@@ -98,6 +112,13 @@ type Daemon struct {
 	// labeler labels the Node in its own goroutine: labels are eventually
 	// consistent and never hold up networking.
 	labeler *kube.Labeler
+	// role is the gateway role (nil without one); roleStop ends it, and
+	// roleKey is the config it runs with (the loop's alone). runCtx is
+	// Run's, which the role's goroutines live in.
+	role     *gateway.Role
+	roleStop context.CancelFunc
+	roleKey  string
+	runCtx   context.Context
 	// wgStatus makes the status's WireGuard devices (the loop's alone).
 	wgStatus wgStatus
 	// kicked holds the triggers kickNow was given since the loop last
@@ -107,6 +128,12 @@ type Daemon struct {
 	// queue of link events waited for the next resync.
 	kicked atomic.Uint32
 	kick   chan struct{}
+	// savedAt is when the file watch last said the config changed (unix
+	// nanoseconds), and reloadAt when the loop last took an operator's
+	// reload: a save that follows a reload closely is the reload's own
+	// (reloadCovers), whichever the loop read first.
+	savedAt  atomic.Int64
+	reloadAt time.Time
 	// waits follows the objects that wait for a link the config does not
 	// create, and since when.
 	waits waiting.Tracker
@@ -125,7 +152,11 @@ type Daemon struct {
 	// fights backs off an object another program keeps changing back.
 	fights fight.Tracker
 	want   atomic.Pointer[interest]
-	files  *fileWatch
+	// waitingFor are the links the last sync's waits named (sorted): the
+	// event filter looks for them too, so that one appearing is a sync at
+	// once, not at the bound's or the resync's timer.
+	waitingFor []string
+	files      *fileWatch
 	// alive is the last time the loop went round, for /healthz.
 	alive atomic.Int64
 	// reading is a config read still under way (see read).
@@ -180,6 +211,9 @@ type Daemon struct {
 	polled func(pollResult)
 	// hookEv carries finished onChange runs back to the loop.
 	hookEv chan hookResult
+	// ports publishes the forwarded ports (DNAT's port, file, metric,
+	// hook); made at the first load (portPublisher).
+	ports *portfwd.Manager
 
 	// stager holds the staging devices of the start-up read (staging
 	// while it runs) until the first sync has taken them; nil after.
@@ -191,6 +225,11 @@ type Daemon struct {
 	stall chan time.Duration
 	// reqs are the API's requests, answered by the loop.
 	reqs chan request
+
+	// clients serves nodeagentctl peer add|disable|enable|remove; peersAt
+	// is when the loop last read the peers' figures for the API.
+	clients *clientapi.Manager
+	peersAt time.Time
 
 	// mu guards status.
 	mu     sync.Mutex
@@ -232,6 +271,9 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d.waits.Bound = o.PendingBound
 	d.fights.Bound, d.fights.Window = o.FightBound, o.FightWindow
+	d.clients = clientapi.New(d.Status, o.Log.With("subsystem", "clients"))
+	// A scrape reads the peers' figures as of now (at most once a second).
+	d.metrics.SetRefresh(func(ctx context.Context) { d.Peers(ctx) })
 	d.host = o.Host
 	if d.host == nil {
 		h, err := host.Current()
@@ -262,7 +304,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d.labeler = kube.New(kc, d.log)
 	d.us = wg.NewUserspace(d.log.With("subsystem", "wireguard"))
-	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us}
+	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}
 	d.setCondition(api.CondReady, api.False, "Starting", "the first sync has not finished")
 	return d, nil
 }
@@ -329,10 +371,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	if d.o.MetricsAddr != "" {
+		var key string
+		if d.o.MetricsAPIKeyFile != "" {
+			if key, err = metrics.ReadAPIKey(d.o.MetricsAPIKeyFile); err != nil {
+				return fmt.Errorf("metrics API key: %w", err)
+			}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, d.log); err != nil {
+			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, key, d.log); err != nil {
 				d.log.Error("metrics", "err", err)
 			}
 		}()
@@ -342,12 +390,30 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer wg.Done()
 		d.labeler.Run(ctx)
 	}()
-	return d.loop(ctx, sig)
+	d.portPublisher().Start(ctx)
+	d.runCtx = ctx
+	d.setRole()
+	err = d.loop(ctx, sig)
+	d.stopHooks()
+	return err
+}
+
+// stopHooks ends the port hooks that run (their process groups: SIGTERM,
+// then SIGKILL after hookrun.KillGrace) and waits for them, so none is
+// left orphaned, or SIGKILLed by systemd before its clean-up ran.
+func (d *Daemon) stopHooks() {
+	d.ports.Stop()
+	if !d.ports.Wait(hookrun.KillGrace + 5*time.Second) {
+		d.log.Warn("stopping while a port hook has not ended")
+	}
 }
 
 // kickNow asks the loop for a sync for why; it never blocks, and why is
 // kept until the loop takes it (kicks), however many kicks come first.
 func (d *Daemon) kickNow(why trigger) {
+	if why == trigConfig {
+		d.savedAt.Store(time.Now().UnixNano())
+	}
 	d.kicked.Or(1 << why)
 	select {
 	case d.kick <- struct{}{}:
@@ -416,6 +482,23 @@ func (d *Daemon) Reload(ctx context.Context) api.Reload {
 		return api.Reload{Errors: []string{err.Error()}}
 	}
 	return r
+}
+
+// AddPeer, ChangePeer and Peers implement apiserver.PeerBackend.
+func (d *Daemon) AddPeer(ctx context.Context, req api.PeerAdd) (api.PeerAdded, error) {
+	return d.clients.Add(ctx, req)
+}
+
+func (d *Daemon) ChangePeer(ctx context.Context, action string, req api.PeerChange) (api.PeerChanged, error) {
+	return d.clients.Change(ctx, action, req)
+}
+
+func (d *Daemon) Peers(ctx context.Context) []api.WireGuardDevice {
+	devs, err := ask(ctx, d, func(reply chan []api.WireGuardDevice) request { return peersRequest{reply} })
+	if err != nil {
+		return d.Status().WireGuard
+	}
+	return devs
 }
 
 // Healthy implements apiserver.Backend: the loop completed a pass within

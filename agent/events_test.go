@@ -132,6 +132,27 @@ func TestMergePeers(t *testing.T) {
 	}
 }
 
+// TestMergeOperatorReload: an operator's reload (SIGHUP, the API's) and a
+// save in one debounced burst are a reload, in either order, so the
+// save-guard reads the save as the operator asked; a save with anything
+// else is still a save.
+func TestMergeOperatorReload(t *testing.T) {
+	for _, c := range []struct{ have, why, want trigger }{
+		{trigConfig, trigSignal, trigSignal},
+		{trigSignal, trigConfig, trigSignal},
+		{trigConfig, trigAPI, trigAPI},
+		{trigAPI, trigConfig, trigAPI},
+		{trigResync, trigSignal, trigSignal},
+		{trigConfig, trigResync, trigConfig},
+		{trigEvent, trigConfig, trigConfig},
+		{trigConfig, trigStart, trigConfig},
+	} {
+		if got := merge(c.have, c.why); got != c.want {
+			t.Errorf("merge(%s, %s) = %s; want %s", c.have, c.why, got, c.want)
+		}
+	}
+}
+
 // TestKicksKeepEveryTrigger: a storm of kernel events that outruns the
 // loop does not push out a register file's change (it used to be dropped
 // with the 17th kick, and waited for the next resync): every kind of

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/saveguard"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -46,10 +48,15 @@ func (d *Daemon) load(why trigger) error {
 	}
 	if !r.quiet && d.cfg != nil {
 		if risks := saveguard.Risks(d.cfg, r.cfg); len(risks) > 0 {
-			if why != trigSignal && why != trigAPI {
+			asked := why == trigSignal || why == trigAPI
+			if !asked && !d.reloadCovers() {
 				return &HeldError{Sum: sha256.Sum256(r.raw), Risks: risks}
 			}
-			d.log.Warn("applying a config change that takes away wholesale, as an operator's reload asked", "file", d.o.Config, "trigger", why.String(), "change", saveguard.Summary(risks))
+			attrs := []any{"file", d.o.Config, "trigger", why.String(), "change", saveguard.Summary(risks)}
+			if !asked {
+				attrs = append(attrs, "reload", fmt.Sprintf("%s before the save", time.Duration(d.savedAt.Load()-d.reloadAt.UnixNano()).Round(time.Millisecond)))
+			}
+			d.log.Warn("applying a config change that takes away wholesale, as an operator's reload asked", attrs...)
 		}
 	}
 	d.held = [32]byte{}
@@ -63,10 +70,30 @@ func (d *Daemon) load(why trigger) error {
 	d.quietRuns = 0
 	d.loadGen, d.rawSum, d.dirIDs = r.gen, sha256.Sum256(r.raw), r.dirs
 	d.cfg, d.desired, d.hash = r.cfg, r.des, hex.EncodeToString(d.rawSum[:8])
+	d.clients.SetConfig(r.cfg)
 	d.setWarnings(r.cfg)
-	d.want.Store(interestOf(r.des))
+	d.want.Store(interestOf(r.des, d.waitingFor))
 	d.setPIA(r.pia)
 	return nil
+}
+
+// reloadFollow is how long after an operator's reload a save still counts
+// as the one the reload was for. A reload read by the loop a moment
+// before the file changed (the API's reload is served at once, not
+// debounced; a script that reloads, then writes) read the file before the
+// save: the save's own event must not then be held as one nobody asked
+// for. A SIGHUP and a save in one debounced burst need no window: the
+// burst is the reload's (merge).
+const reloadFollow = time.Second
+
+// reloadCovers reports whether the config's last change came within
+// reloadFollow after an operator's reload, so the reload asked for it.
+func (d *Daemon) reloadCovers() bool {
+	if d.reloadAt.IsZero() {
+		return false
+	}
+	after := time.Duration(d.savedAt.Load() - d.reloadAt.UnixNano())
+	return after >= 0 && after <= reloadFollow
 }
 
 // loaded is what one read of the config produced.
@@ -208,14 +235,28 @@ func (d *Daemon) read(resync bool) (loaded, error) {
 	}
 }
 
-func interestOf(des netcfg.Desired) *interest {
+// interestOf is what the event filters look for with des converging:
+// the links it makes or puts on a parent, its WireGuard devices, and the
+// links objects wait for (waiting), which the config does not create.
+func interestOf(des netcfg.Desired, waiting []string) *interest {
 	in := &interest{names: map[string]bool{}}
+	for _, n := range waiting {
+		in.names[n] = true
+	}
 	for _, l := range des.Link.Links {
 		in.names[l.Name] = true
 		in.names[l.Parent] = true
 	}
 	for _, dev := range des.WG.Devices {
 		in.names[dev.Name] = true
+	}
+	// The devices routes name: one the config does not create may appear
+	// late or be deleted by its program, and the kernel flushes the
+	// routes on it without a route event.
+	for _, r := range des.Route.Routes {
+		if r.Dev != "" {
+			in.names[r.Dev] = true
+		}
 	}
 	return in
 }
@@ -274,10 +315,58 @@ func (d *Daemon) reload(why trigger) {
 		if kc, err := kube.FromConfig(d.cfg); err == nil && d.labeler != nil {
 			d.labeler.SetConfig(kc)
 		}
+		d.setRole()
 		if d.files != nil {
 			d.files.set(d.peerDirs(), d.keyFiles(), d.log)
 		}
 	}
+}
+
+// setRole starts, replaces or stops the gateway role as the config says.
+// A changed gateway section restarts the role's election (a holder
+// releases the Lease, and the role may move); an unchanged one keeps it.
+func (d *Daemon) setRole() {
+	if d.runCtx == nil {
+		return // before Run: it starts the role
+	}
+	key := ""
+	if g := d.cfg.Gateway; g != nil {
+		key = fmt.Sprintf("%+v|%s|%s", *g, d.cfg.Node.Name, d.cfg.Kubernetes.Kubeconfig)
+	}
+	if key == d.roleKey && (d.role != nil || key == "") {
+		return
+	}
+	if d.role != nil {
+		d.roleStop()
+		d.metrics.Registry.Unregister(d.role.Collector())
+		d.role, d.roleStop = nil, nil
+	}
+	d.roleKey = key
+	if key == "" {
+		d.removeCondition(api.CondGatewayRole)
+		d.mu.Lock()
+		d.status.Gateway = nil
+		d.mu.Unlock()
+		return
+	}
+	cfg, err := gateway.FromConfig(d.cfg, d.host, d.log, func() { d.kickNow(trigProvider) })
+	var r *gateway.Role
+	if err == nil {
+		r, err = gateway.New(cfg)
+	}
+	if err != nil {
+		d.roleKey = "" // tried again at the next reload
+		d.log.Error("gateway role cannot start", "role", d.cfg.Gateway.Name, "err", err)
+		d.setCondition(api.CondGatewayRole, api.False, "CannotStart", err.Error())
+		d.refreshHealth()
+		return
+	}
+	// Not Run's context: a stop hands the role over before its
+	// goroutines end (the loop calls HandOver, then roleStop).
+	ctx, cancel := context.WithCancel(context.Background())
+	d.role, d.roleStop = r, cancel
+	d.metrics.Registry.MustRegister(r.Collector())
+	r.Start(ctx)
 }
 
 // errWriting: the config file is being written; a resync leaves it, and

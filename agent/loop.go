@@ -28,6 +28,7 @@ const (
 	trigReload           // the sync after a reload asked over the API (the config is read already)
 	trigProvider         // a PIA provider registered, or gave up a registration
 	trigPeers            // register files changed (fileWatch.take names them)
+	trigExpiry           // a WireGuard peer's expires came (netcfg.NextExpiry)
 )
 
 func (t trigger) String() string {
@@ -52,6 +53,8 @@ func (t trigger) String() string {
 		return "provider"
 	case trigPeers:
 		return "peers"
+	case trigExpiry:
+		return "expiry"
 	}
 	return ""
 }
@@ -61,9 +64,13 @@ func (t trigger) rereads() bool {
 	return t == trigConfig || t == trigSignal || t == trigAPI || t == trigResync
 }
 
-// merge keeps the most telling trigger of a debounced burst: a config
-// change beats the rest, so the burst re-reads the config; a provider's
-// change beats a kernel event, so that it is not counted as drift.
+// merge keeps the most telling trigger of a debounced burst: an
+// operator's reload (SIGHUP, the API's) beats the rest, so a save that
+// came in the same burst is read as the reload asked, never held as a
+// file event alone (a script's `cp new.yaml …; systemctl reload`); a
+// config change beats the others, so the burst re-reads the config; a
+// provider's change beats a kernel event, so that it is not counted as
+// drift.
 func merge(have, why trigger) trigger {
 	// Register files with anything else: the burst re-reads the config,
 	// the registers with it, unless the other trigger does already.
@@ -82,7 +89,7 @@ func merge(have, why trigger) trigger {
 		}
 		return other
 	}
-	for _, t := range []trigger{trigConfig, trigSignal, trigAPI, trigStart, trigProvider} {
+	for _, t := range []trigger{trigSignal, trigAPI, trigConfig, trigStart, trigProvider} {
 		if have == t || why == t {
 			return t
 		}
@@ -127,6 +134,9 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 	// waitDue fires when objects waiting for a missing link reach the
 	// bound: the sync then degrades the node, not the next resync.
 	var waitDue <-chan time.Time
+	// expiry fires when a peer's expires comes: the sync then takes it
+	// out of its device, not the next resync.
+	var expiry <-chan time.Time
 	// parked: the poll waits for wgChanged (every device is this
 	// process's, in userspace, and converged), its timer only a safety
 	// net. A poll that keeps the interval keeps this too.
@@ -170,6 +180,15 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		select {
 		case <-ctx.Done():
 			d.notify.Stopping()
+			if d.role != nil {
+				// The role is handed over: its labels and addresses
+				// go, then its Lease, so a standby takes it at once
+				// rather than after the Lease runs out.
+				hctx, cancel := context.WithTimeout(context.Background(), handOverBound)
+				d.role.HandOver(hctx, func(c context.Context) error { return d.sync(c, trigProvider) })
+				cancel()
+				d.roleStop()
+			}
 			d.log.Info("stopping; kernel state left in place")
 			return nil
 		case <-watchdog:
@@ -187,6 +206,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				d.stall <- time.Minute
 				continue
 			}
+			d.reloadAt = time.Now()
 			pending = merge(pending, trigSignal)
 			arm(d.o.Debounce)
 		case <-d.neighbours:
@@ -203,6 +223,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		case <-waitDue:
 			waitDue = nil
 			pending = merge(pending, trigResync)
+			arm(0)
+		case <-expiry:
+			expiry = nil
+			pending = merge(pending, trigExpiry)
 			arm(0)
 		case <-wgPoll.C:
 			poll()
@@ -239,7 +263,13 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 				sync = d.syncPeers
 			}
 			began := time.Now()
-			if err := sync(ctx, why); err != nil {
+			err := sync(ctx, why)
+			if next := netcfg.NextExpiry(d.desired, time.Now()); !next.IsZero() {
+				expiry = time.After(time.Until(next) + 10*time.Millisecond)
+			} else {
+				expiry = nil
+			}
+			if err != nil {
 				d.failures++
 				backoff := min(time.Second<<min(d.failures-1, 5), maxBackoff)
 				retry = time.After(backoff)
@@ -266,6 +296,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		}
 	}
 }
+
+// handOverBound bounds a stop's hand-over of the gateway role (systemd's
+// stop timeout is longer).
+const handOverBound = 10 * time.Second
 
 // pollResult is what a WireGuard poll found and when the next is due.
 type pollResult struct {
@@ -414,6 +448,7 @@ type reloadRequest struct{ reply chan<- api.Reload }
 
 func (r reloadRequest) serve(ctx context.Context, d *Daemon) {
 	old := d.hash
+	d.reloadAt = time.Now()
 	d.reload(trigAPI)
 	d.mu.Lock()
 	rej := d.status.LastRejected

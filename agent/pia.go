@@ -5,24 +5,21 @@ import (
 	"crypto/rsa"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/filecheck"
-	"github.com/nodeagent/nodeagent/agent/hookrun"
+	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 )
@@ -57,17 +54,7 @@ type piaTunnel struct {
 	pf  config.PortForward
 	to  netip.Addr // pf.To parsed; invalid when unset
 	dns []netip.Prefix
-	// hook runs onChange; nil without one, or until the loop's first
-	// step starts it. It outlives the tunnel across reloads.
-	hook *portHook
-	// written is the port the port file holds (0: no file; portUnknown:
-	// not known, a file of an earlier run may be there).
-	written int
 }
-
-// portUnknown is piaTunnel.written before the port file was first written
-// or removed by this daemon.
-const portUnknown = -1
 
 // readPIA reads what each PIA device's provider starts from: trust
 // anchors, key, saved registration, cached server list.
@@ -144,21 +131,18 @@ func piaConfig(w config.WireGuard, o Options, h *host.Host, timers pia.Timers) (
 }
 
 // setPIA starts a provider for each new or changed PIA device and drops
-// those of devices gone from the config.
+// those of devices gone from the config; the ports' publisher takes the
+// devices' port forwarding (a device gone or port forwarding off loses
+// its port's file and series, a changed hook runs at once).
 func (d *Daemon) setPIA(setups map[string]piaSetup) {
 	if d.pia == nil {
 		d.pia = map[string]*piaTunnel{}
 	}
-	for name, t := range d.pia {
+	for name := range d.pia {
 		if _, ok := setups[name]; !ok {
-			d.stopHook(name, t)
 			delete(d.pia, name)
 		}
 	}
-	// Port files of devices that are not PIA devices any more (removed
-	// while the daemon ran, or before it started): a reader would take a
-	// port that no longer reaches anything.
-	d.removeStalePortFiles(setups)
 	for name, s := range setups {
 		if t, ok := d.pia[name]; ok && t.id == s.id && t.err == nil && s.err == nil {
 			// The node's prefixes may have moved; a registration that
@@ -167,10 +151,7 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 			t.pf = s.pf
 			continue
 		}
-		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns, written: portUnknown}
-		if old, ok := d.pia[name]; ok {
-			t.written, t.hook = old.written, old.hook
-		}
+		t := &piaTunnel{id: s.id, err: s.err, pf: s.pf, to: s.to, dns: s.dns}
 		if s.err == nil {
 			cfg := s.cfg
 			cfg.Count = func(what, result string) { d.metrics.PIA(name, what, result) }
@@ -185,16 +166,50 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 		d.pia[name] = t
 	}
 	d.piaDevices = map[string]bool{}
-	for name, t := range d.pia {
+	for name := range d.pia {
 		d.piaDevices[name] = true
-		switch {
-		case t.hook == nil:
-		case !t.hooked():
-			d.stopHook(name, t)
-		default:
-			t.hook.s.Reconfigure(hookConfig(name, t.pf))
-		}
 	}
+	d.portPublisher().Configure(d.portDevices())
+}
+
+// portDevices is the PIA devices' port forwarding as the ports' publisher
+// takes it. A device standing by for a gateway role another node holds
+// forwards no port here: no port file, no series, no hook (the port is
+// the holder's, whose hook delivers it).
+func (d *Daemon) portDevices() map[string]portfwd.Device {
+	devs := make(map[string]portfwd.Device, len(d.pia))
+	for name, t := range d.pia {
+		pf := t.pf
+		standby := t.p != nil && t.p.Standby()
+		devs[name] = portfwd.Device{Enabled: pf.Enabled && !standby, Argv: slices.Clone(pf.OnChange), Timeout: pf.HookTimeoutOrDefault(), Every: pf.HookEvery()}
+	}
+	return devs
+}
+
+// portPublisher is the daemon's ports publisher, made at the first load.
+func (d *Daemon) portPublisher() *portfwd.Manager {
+	if d.ports == nil {
+		d.ports = portfwd.New(portfwd.Options{Dir: d.portDir(), LostAfter: d.o.PortLostAfter, Metrics: d.metrics,
+			Log: d.log.With("subsystem", "portforward"), Hooks: d.o.PortHookTimers,
+			Ran: func(device string) {
+				// Never blocks: a full channel already has the loop look
+				// again.
+				select {
+				case d.hookEv <- hookResult{device: device}:
+				default:
+				}
+			}})
+	}
+	return d.ports
+}
+
+// bind is what a tunnel's provider says of its port (nothing without a
+// provider, or with port forwarding off).
+func (t *piaTunnel) bind() portfwd.Bind {
+	if t.p == nil || !t.pf.Enabled {
+		return portfwd.Bind{}
+	}
+	return portfwd.Bind{Port: t.p.Port(), TroubleSince: t.p.PortTroubleSince(time.Now()), Notified: t.p.Notified()}
 }
 
 // withPIA is des with every PIA device as its provider has it.
@@ -216,10 +231,31 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 			des.Nft = t.firewall(dev.Name, des.Nft, 0, pia.DefaultDNS)
 		default:
 			des.WG.Devices[i] = t.p.Device(dev)
-			des.Nft = t.firewall(dev.Name, des.Nft, t.p.Port(), t.p.DNS())
+			des.Route.Routes = routesWait(des.Route.Routes, des.WG.Devices[i])
+			// The port as published now: none once it is lost.
+			port := d.portPublisher().Judge(dev.Name, t.bind(), time.Now()).Port
+			des.Nft = t.firewall(dev.Name, des.Nft, port, t.p.DNS())
 		}
 	}
 	return des
+}
+
+// routesWait is rs without the IPv4 routes through dev while dev has no
+// IPv4 address (a PIA device before its registration: a take-over of the
+// gateway role, a start). Forwarded traffic routed into the device then
+// would be masqueraded to another interface's address, since the device
+// has none of its own, and conntrack would keep that for the flow: the
+// VLAN's connections stayed stuck after the tunnel came up. Meanwhile
+// the kill switch's unreachable route answers them, and nothing is
+// masqueraded. (PIA gives no IPv6 address; IPv6 routes are left as the
+// config has them.)
+func routesWait(rs []route.Route, dev wg.Device) []route.Route {
+	if slices.ContainsFunc(dev.Addrs, func(a netip.Prefix) bool { return a.Addr().Is4() }) {
+		return rs
+	}
+	return slices.DeleteFunc(slices.Clone(rs), func(r route.Route) bool {
+		return r.Dev == dev.Name && r.To.Addr().Is4()
+	})
 }
 
 // firewall is n with the tunnel's forwarded port DNATed to pf.to, and
@@ -246,9 +282,6 @@ func (t *piaTunnel) firewall(dev string, n nft.Desired, port int, dns netip.Addr
 func (d *Daemon) stepPIA(ctx context.Context, o wg.Observed) bool {
 	changed := false
 	for name, t := range d.pia {
-		if t.hook == nil && t.hooked() {
-			d.startHook(ctx, name, t)
-		}
 		if t.p == nil {
 			continue
 		}
@@ -263,8 +296,8 @@ func (d *Daemon) stepPIA(ctx context.Context, o wg.Observed) bool {
 			changed = true
 		}
 	}
-	d.publishPIA()
-	return changed
+	// A port judged lost (or bound again) changes the DNAT.
+	return d.publishPIA() || changed
 }
 
 // handlePIA passes a call's result to the provider that made it.
@@ -275,22 +308,50 @@ func (d *Daemon) handlePIA(ctx context.Context, ev pia.Event) bool {
 			changed = true
 		}
 	}
-	d.publishPIA()
-	return changed
+	return d.publishPIA() || changed
 }
 
-// kickPIA retries now whatever the providers wait to retry.
+// kickPIA retries now whatever the providers wait to retry, and every
+// port hook whose last run failed or was refused (an operator's reload:
+// the runbook's "fix it, then reload").
 func (d *Daemon) kickPIA() {
 	for _, t := range d.pia {
 		if t.p != nil {
 			t.p.Kick()
 		}
 	}
+	d.portPublisher().RetryFailed()
+}
+
+// standbyPIA puts the PIA providers of the gateway role's devices on
+// standby while this node does not hold the role, and takes them off it
+// when it does (pia.Provider.SetStandby).
+func (d *Daemon) standbyPIA() {
+	if d.role == nil {
+		return
+	}
+	want := d.role.Want()
+	changed := false
+	for name, t := range d.pia {
+		if t.p != nil && d.role.Moves(name) && t.p.SetStandby(!want) {
+			changed = true
+		}
+	}
+	if changed {
+		d.portPublisher().Configure(d.portDevices())
+	}
 }
 
 // publishPIA puts the providers' state in status, the TunnelHealthy
-// condition and the metrics.
-func (d *Daemon) publishPIA() {
+// condition and the metrics, and publishes their ports; it reports
+// whether a published port changed (the DNAT is due for a sync).
+func (d *Daemon) publishPIA() bool {
+	now := time.Now()
+	binds := map[string]portfwd.Bind{}
+	for name, t := range d.pia {
+		binds[name] = t.bind()
+	}
+	portChanged := d.portPublisher().Publish(binds, now)
 	if len(d.pia) == 0 {
 		d.mu.Lock()
 		had := d.status.PIA != nil
@@ -299,10 +360,9 @@ func (d *Daemon) publishPIA() {
 		if had {
 			d.removeCondition(api.CondTunnelHealthy)
 		}
-		d.publishDelivered(nil)
-		return
+		d.publishDelivered(now)
+		return portChanged
 	}
-	now := time.Now()
 	var tunnels []api.PIATunnel
 	var sick []string
 	reason := "Healthy"
@@ -323,7 +383,8 @@ func (d *Daemon) publishPIA() {
 		s := t.p.Status()
 		tunnels = append(tunnels, tunnelStatus(s, now))
 		d.metrics.SetTunnelHealthy(name, s.Healthy)
-		if !s.Healthy {
+		if !s.Healthy && s.Phase != pia.PhaseStandby {
+			// (A standby's tunnel is another node's to run: no fault.)
 			msg := fmt.Sprintf("%s: %s", name, s.Phase)
 			if s.LastError != "" {
 				msg += ": " + s.LastError
@@ -338,19 +399,30 @@ func (d *Daemon) publishPIA() {
 		}
 	}
 	for i, name := range names {
-		d.publishPort(name, d.pia[name], now)
-		tunnels[i].PortHook = d.pia[name].hookStatus()
+		ps := d.ports.State(name)
+		tu := &tunnels[i]
+		tu.ForwardedPort = ps.Port
+		tu.PortTroubleSince = nil
+		if !ps.TroubleSince.IsZero() {
+			at := ps.TroubleSince.UTC()
+			tu.PortTroubleSince = &at
+		}
+		if ps.Lost() {
+			tu.PortLost = &api.PortLost{Port: ps.LostPort, Since: ps.LostSince.UTC()}
+		}
+		tu.PortHook = d.ports.Hook(name)
 	}
 	d.mu.Lock()
 	d.status.PIA = tunnels
 	d.mu.Unlock()
-	d.publishDelivered(names)
+	d.publishDelivered(now)
 	if len(sick) == 0 {
 		d.setCondition(api.CondTunnelHealthy, api.True, "Healthy", fmt.Sprintf("%d PIA tunnel(s) up", len(tunnels)))
 	} else {
 		d.setCondition(api.CondTunnelHealthy, api.False, reason, strings.Join(sick, "; "))
 	}
 	d.refreshHealth()
+	return portChanged
 }
 
 // portDir is where the port files go: beside the API socket, in pia/
@@ -362,291 +434,71 @@ func (d *Daemon) portDir() string {
 	return filepath.Join(filepath.Dir(d.o.Socket), "pia")
 }
 
-// publishPort keeps the port's file and metric current and gives the
-// port hook the state to deliver. The file holds the forwarded port while
-// there is one; without one (port forwarding off, no provider) there is
-// no file.
-func (d *Daemon) publishPort(name string, t *piaTunnel, now time.Time) {
-	port := 0
-	if t.p != nil && t.pf.Enabled {
-		port = t.p.Port()
-		// 0 while none is bound: an alert can tell "port forwarding on,
-		// no port" from a device that never forwards one.
-		d.metrics.SetForwardedPort(name, port)
-	}
-	if dir := d.portDir(); dir != "" && port != t.written {
-		var err error
-		if port == 0 {
-			err = removePortFile(dir, name)
-		} else if err = os.MkdirAll(dir, 0o755); err == nil {
-			err = fsafe.WriteFile(filepath.Join(dir, name+".port"), []byte(strconv.Itoa(port)+"\n"), 0o644)
-		}
-		if err != nil {
-			d.log.Warn("writing the forwarded port's file", "device", name, "err", err)
-		} else {
-			t.written = port
-		}
-	}
-	if t.hook == nil || port == 0 {
-		return
-	}
-	// Measured from the last good bind, or from the hook's start when
-	// this daemon has not bound yet (a restart with a saved port).
-	s := t.p.Status()
-	failing := s.PortError != "" || !s.Healthy
-	lost := failing && now.Sub(latest(s.LastBind, t.hook.started)) > portLostAfter
-	t.hook.want(port, lost)
-}
-
-// portFileExt ends a port file's name: DEVICE.port.
-const portFileExt = ".port"
-
-// removePortFile removes dev's port file from dir; none is no error.
-func removePortFile(dir, dev string) error {
-	err := os.Remove(filepath.Join(dir, dev+portFileExt))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	return err
-}
-
-// removeStalePortFiles removes the port files of devices that are not in
-// setups (the PIA devices of the config just loaded).
-func (d *Daemon) removeStalePortFiles(setups map[string]piaSetup) {
-	dir := d.portDir()
-	if dir == "" {
-		return
-	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		name, ok := strings.CutSuffix(e.Name(), portFileExt)
-		if !ok || !e.Type().IsRegular() {
-			continue
-		}
-		if _, ok := setups[name]; ok {
-			continue
-		}
-		if err := removePortFile(dir, name); err != nil {
-			d.log.Warn("removing the port file of a device that is gone", "device", name, "err", err)
-		} else {
-			d.log.Info("removed the port file of a device that is no PIA device now", "device", name)
-		}
-	}
-}
-
-// RemovePortFiles removes every port file in dir (teardown: no device
-// forwards a port any more); a missing dir is no error.
-func RemovePortFiles(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range ents {
-		if name, ok := strings.CutSuffix(e.Name(), portFileExt); ok && e.Type().IsRegular() {
-			errs = append(errs, removePortFile(dir, name))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// portLostAfter is how long port forwarding may fail (binds refused,
-// the tunnel down) after the last good bind before the port counts as
-// lost and the hook is told so: PIA's own bind interval, after which the
-// server may give the port away.
-const portLostAfter = 15 * time.Minute
-
-// portHook is a PIA device's onChange: its scheduler, and the state it
-// was last given.
-type portHook struct {
-	s   *hookrun.Scheduler
-	st  hookrun.State
-	has bool
-	// started is when this daemon started the hook.
-	started time.Time
-}
-
-func latest(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-// want gives the hook the device's port (the last bound, lost or not).
-// NODEAGENT_PIA_PREVIOUS_PORT is the last bound port before this one (0
-// when none): for a lost port the port lost; for a port bound again
-// after it was lost, the port lost.
-func (h *portHook) want(port int, lost bool) {
-	st := hookrun.State{Port: port}
-	switch {
-	case lost && h.has && h.st.Lost:
-		st = h.st
-	case lost:
-		st = hookrun.State{Previous: port, Lost: true}
-	case !h.has:
-	case h.st.Lost:
-		st.Previous = h.st.Previous
-	case h.st.Port != port:
-		st.Previous = h.st.Port
-	default:
-		st = h.st
-	}
-	if h.has && st == h.st {
-		return
-	}
-	h.st, h.has = st, true
-	h.s.Set(st)
-}
-
-// hookConfig is the scheduler's config for a device's portForward.
-func hookConfig(name string, pf config.PortForward) hookrun.Config {
-	return hookrun.Config{Device: name, Argv: slices.Clone(pf.OnChange), Timeout: pf.HookTimeoutOrDefault(), Every: pf.HookEvery()}
-}
-
 // hookResult tells the loop that a device's hook finished a run; the
-// outcome itself is read from the scheduler.
+// outcome itself is read from the publisher.
 type hookResult struct{ device string }
-
-// startHook starts a device's port hook for the daemon's lifetime (ctx).
-// A port the hook delivered before a restart (the provider's saved
-// Notified) is not delivered again before every.
-func (d *Daemon) startHook(ctx context.Context, name string, t *piaTunnel) {
-	var delivered *hookrun.State
-	h := &portHook{started: time.Now()}
-	if t.p != nil && t.p.Port() != 0 && t.p.Notified() == t.p.Port() {
-		h.st, h.has = hookrun.State{Port: t.p.Port()}, true
-		delivered = &h.st
-	}
-	log := d.log.With("device", name)
-	h.s = hookrun.Start(ctx, hookConfig(name, t.pf), delivered, func(o hookrun.Outcome) {
-		r := o.Result
-		d.metrics.PortHookRan(name, r.Outcome())
-		attrs := []any{"port", o.State.Port, "previous_port", o.State.Previous, "lost", o.State.Lost, "attempt", o.Attempt,
-			"took", r.Took.Round(time.Millisecond), "exit", r.ExitStatus(), "output", r.Output}
-		if r.OK() {
-			log.Info("port hook delivered", attrs...)
-		} else {
-			log.Error("port hook failed; retried with backoff", append(attrs, "err", r.Err)...)
-		}
-		// Never blocks: a full channel already has the loop look again.
-		select {
-		case d.hookEv <- hookResult{device: name}:
-		default:
-		}
-	})
-	t.hook = h
-	d.metrics.StartPortHook(name)
-}
-
-// stopHook stops a device's port hook (a run under way is killed) and
-// drops its series.
-func (d *Daemon) stopHook(name string, t *piaTunnel) {
-	if t.hook == nil {
-		return
-	}
-	t.hook.s.Stop()
-	t.hook = nil
-	d.metrics.StopPortHook(name)
-}
 
 // hookDone takes a finished run of a device's hook: a delivered port is
 // saved as such (not delivered again after a restart until every), and
 // status, condition and metric follow.
 func (d *Daemon) hookDone(r hookResult) {
 	t, ok := d.pia[r.device]
-	if !ok || t.hook == nil {
+	if !ok {
 		return
 	}
-	if st := t.hook.s.Status(); t.p != nil && st.Delivered && !st.Want.Lost && st.Want.Port == t.p.Port() {
-		t.p.SetNotified(st.Want.Port)
+	if port, ok := d.portPublisher().Delivered(r.device); ok && t.p != nil && port == t.p.Port() {
+		t.p.SetNotified(port)
 	}
 	d.publishPIA()
 }
 
-// hooked reports whether the device has a port hook to run.
-func (t *piaTunnel) hooked() bool { return t.pf.Enabled && len(t.pf.OnChange) > 0 }
-
-// hookStatus is the hook's state for status; nil without onChange.
-func (t *piaTunnel) hookStatus() *api.PortHook {
-	if !t.hooked() {
-		return nil
-	}
-	if t.hook == nil {
-		return &api.PortHook{}
-	}
-	st := t.hook.s.Status()
-	h := &api.PortHook{Port: st.Want.Port, Lost: st.Want.Lost, Delivered: st.Delivered, Running: st.Running, Attempts: st.Failures}
-	if !st.Last.Start.IsZero() {
-		at := st.Last.Start.UTC()
-		h.LastRun, h.LastExit, h.LastError = &at, st.Last.ExitStatus(), st.Last.FirstLine()
-	}
-	if !st.Next.IsZero() {
-		at := st.Next.UTC()
-		h.NextRun = &at
-	}
-	return h
-}
-
-// publishDelivered sets the PortDelivered condition and metric from the
-// hooks of names (sorted): absent when no device has an onChange.
-func (d *Daemon) publishDelivered(names []string) {
-	var failed, pending, ok []string
-	for _, name := range names {
-		t := d.pia[name]
-		h := t.hookStatus()
-		if h == nil {
-			continue
-		}
-		if t.hook != nil {
-			d.metrics.SetPortDelivered(name, h.Delivered)
-		}
-		what := fmt.Sprintf("%s: port %d", name, h.Port)
-		if h.Lost {
-			what = fmt.Sprintf("%s: port lost (was %d)", name, t.hook.st.Previous)
-		}
-		switch {
-		case t.hook == nil || !t.hook.has:
-			pending = append(pending, name+": no port bound yet")
-		case h.Delivered:
-			ok = append(ok, what)
-		case h.Attempts > 0:
-			failed = append(failed, fmt.Sprintf("%s: %s (%d attempts)", what, h.LastError, h.Attempts))
-		case h.Running:
-			pending = append(pending, what+": the hook runs")
-		default:
-			pending = append(pending, what+": the hook is due")
-		}
-	}
+// publishDelivered sets the PortDelivered condition from the devices'
+// hooks: absent when no device has an onChange.
+func (d *Daemon) publishDelivered(now time.Time) {
+	c, ok := d.portPublisher().Condition(now)
 	switch {
-	case len(failed)+len(pending)+len(ok) == 0:
-		if d.condition(api.CondPortDelivered) != nil {
-			d.removeCondition(api.CondPortDelivered)
-		}
-	case len(failed) > 0:
-		d.setCondition(api.CondPortDelivered, api.False, "HookFailed", strings.Join(append(failed, pending...), "; "))
-	case len(pending) > 0:
-		d.setCondition(api.CondPortDelivered, api.False, "Pending", strings.Join(pending, "; "))
-	default:
-		d.setCondition(api.CondPortDelivered, api.True, "Delivered", strings.Join(ok, "; "))
+	case ok:
+		d.setCondition(c.Type, c.Status, c.Reason, c.Message)
+	case d.condition(api.CondPortDelivered) != nil:
+		d.removeCondition(api.CondPortDelivered)
 	}
 }
 
-// piaPorts are the forwarded ports, by device, for the Node annotation.
+// piaPorts are the forwarded ports, by device, for the Node annotation:
+// the published ones (a lost port is no port).
 func (d *Daemon) piaPorts() map[string]int {
-	out := map[string]int{}
-	for name, t := range d.pia {
-		if t.p != nil && t.p.Port() != 0 {
-			out[name] = t.p.Port()
-		}
+	return d.portPublisher().Ports()
+}
+
+// portRetryRequest asks for a device's port hook (every device's, with
+// device "") to run now: nodeagentctl port --retry.
+type portRetryRequest struct {
+	device string
+	reply  chan<- api.PortRetry
+}
+
+func (r portRetryRequest) serve(_ context.Context, d *Daemon) {
+	devs, err := d.portPublisher().Retry(r.device)
+	out := api.PortRetry{Devices: devs}
+	if err != nil {
+		out.Error = err.Error()
+	} else if len(devs) == 0 {
+		out.Error = "no PIA device has a port hook with a port to deliver"
 	}
-	return out
+	if len(devs) > 0 {
+		d.log.Info("port hook retried on request", "devices", strings.Join(devs, ","))
+	}
+	r.reply <- out
+}
+
+// RetryPortHook implements apiserver.Backend: the port hook of device
+// (every device's for "") runs now.
+func (d *Daemon) RetryPortHook(ctx context.Context, device string) api.PortRetry {
+	r, err := ask(ctx, d, func(reply chan api.PortRetry) request { return portRetryRequest{device, reply} })
+	if err != nil {
+		return api.PortRetry{Error: err.Error()}
+	}
+	return r
 }
 
 func tunnelStatus(s pia.Status, now time.Time) api.PIATunnel {

@@ -49,6 +49,11 @@ func TestPIAPortFileGoes(t *testing.T) {
 	noPF = strings.Replace(noPF, "        to: 10.10.50.20\n        toPort: 8080\n", "", 1)
 	reload("port forwarding off", noPF)
 	waitFor(t, "the port file gone with port forwarding off", 10*time.Second, gone)
+	// The metric's series and the endpoint go at once too (issue 39: they
+	// kept the old port for ever).
+	if v := gauge(t, r, "nodeagent_forwarded_port", "device", l.Dev); v != -1 || r.d.Metrics().ForwardedPort() != 0 {
+		t.Errorf("port forwarding off: nodeagent_forwarded_port %v (-1: no series), /v1/portforward's port %d", v, r.d.Metrics().ForwardedPort())
+	}
 
 	// On again: the saved port comes back, and so does the file.
 	reload("port forwarding on", string(withPF))
@@ -62,8 +67,14 @@ func TestPIAPortFileGoes(t *testing.T) {
 	if i < 0 || j < i {
 		t.Fatalf("no wireguard section in the lab's config:\n%s", withPF)
 	}
+	waitFor(t, "the series back with the port", 10*time.Second, func() bool {
+		return gauge(t, r, "nodeagent_forwarded_port", "device", l.Dev) == float64(forwardedPort(r)) && r.d.Metrics().ForwardedPort() == forwardedPort(r)
+	})
 	reload("the device removed", string(withPF)[:i]+string(withPF)[j+1:])
 	waitFor(t, "the port file gone with the device", 10*time.Second, gone)
+	if v := gauge(t, r, "nodeagent_forwarded_port", "device", l.Dev); v != -1 || r.d.Metrics().ForwardedPort() != 0 {
+		t.Errorf("device removed: nodeagent_forwarded_port %v (-1: no series), /v1/portforward's port %d", v, r.d.Metrics().ForwardedPort())
+	}
 
 	// Files an earlier run left (its device's, a device gone since),
 	// and a daemon started on a config without port forwarding.

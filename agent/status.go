@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/clientapi"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
@@ -128,7 +129,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	if !post.Empty() {
 		d.log.Debug("not converged after the sync", "plan", post.String())
 	}
-	devs := d.wgStatus.devices(post.WG)
+	devs := clientapi.WithHeld(d.wgStatus.devices(post.WG), d.desired.At(time.Now()).WG)
 	d.metrics.SyncDone(why.String(), dur, failedSubs)
 	// Tunnel health is a PIA tunnel's (publishPIA sets it from the
 	// provider); a plain device's peers show in the WireGuard series.
@@ -148,6 +149,15 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.mu.Unlock()
 
 	d.checkHazards(res)
+	if d.role != nil {
+		c := d.role.Condition()
+		d.setCondition(c.Type, c.Status, c.Reason, c.Message)
+		rs := d.role.Status()
+		d.mu.Lock()
+		d.status.Gateway = &api.GatewayRole{Role: rs.Role, State: string(rs.State), Holder: rs.Holder, Since: rs.Since.UTC(), Reason: rs.Reason,
+			LeaseOK: rs.LeaseOK, Transitions: rs.Transitions, TookOverSeconds: rs.TookOver.Seconds()}
+		d.mu.Unlock()
+	}
 	waits, over := d.trackWaits(res)
 	switch {
 	case len(failed) > 0:
@@ -284,7 +294,8 @@ func (d *Daemon) publishPeers(why trigger, start time.Time, ops []wg.Op, rep pla
 			}
 		}
 	}
-	d.status.WireGuard = ws
+	d.status.WireGuard = clientapi.WithHeld(ws, d.desired.At(time.Now()).WG)
+	d.metrics.SetWireGuard(d.status.WireGuard)
 	dur := time.Since(start)
 	d.setLastSync(why, start, dur, changes)
 	d.mu.Unlock()
@@ -364,7 +375,7 @@ func (d *Daemon) healthLocked() bool {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy) || isFalse(api.CondConflict)
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy) || isFalse(api.CondConflict) || isFalse(api.CondGatewayRole)
 	return s.Ready && !s.Degraded
 }
 

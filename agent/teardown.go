@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/dependents"
 	"github.com/nodeagent/nodeagent/netcfg/host"
@@ -61,7 +62,7 @@ func removePorts(o Options, log *slog.Logger) {
 	if dir == "" {
 		dir = filepath.Join(filepath.Dir(api.DefaultSocket), "pia")
 	}
-	if err := RemovePortFiles(dir); err != nil {
+	if err := portfwd.RemoveFiles(dir); err != nil {
 		log.Warn("removing the forwarded ports' files", "dir", dir, "err", err)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -24,11 +25,51 @@ func (d *Daemon) trackWaits(res netcfg.Result) (waits, over []waiting.Wait) {
 		}
 	}
 	d.metrics.SetPendingObjects(n)
+	d.followWaits(waits)
 	for _, w := range newly {
 		d.log.Warn("objects wait for a link that does not exist and that the config does not create; the node is degraded until it appears",
 			"link", w.Missing, "for", time.Since(w.Since).Round(time.Second), "objects", strings.Join(w.Objects, ", "), "suggest", w.Suggest)
 	}
 	return waits, over
+}
+
+// followWaits makes the links waits name part of what the event filter
+// looks for, so that the kernel's event for one appearing triggers the
+// sync that puts the waiting objects in place (an OpenVPN tun made after
+// the daemon started: the VLAN's kill-switch table has no way out until
+// then). A link that appeared after this sync observed and before the
+// filter looked for it sent its event unseen: one that exists now is a
+// sync now.
+func (d *Daemon) followWaits(waits []waiting.Wait) {
+	names := make([]string, 0, len(waits))
+	for _, w := range waits {
+		names = append(names, w.Missing) // sorted by Missing
+	}
+	if slices.Equal(names, d.waitingFor) {
+		return
+	}
+	added := !isSubset(names, d.waitingFor)
+	d.waitingFor = names
+	d.want.Store(interestOf(d.desired, names))
+	if !added {
+		return
+	}
+	for _, l := range linkNames(d.host) {
+		if slices.Contains(names, l) {
+			d.kickNow(trigEvent)
+			return
+		}
+	}
+}
+
+// isSubset reports whether every name of a is in b.
+func isSubset(a, b []string) bool {
+	for _, n := range a {
+		if !slices.Contains(b, n) {
+			return false
+		}
+	}
+	return true
 }
 
 // waitsDue is when a sync should look again because a wait reaches the

@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/clientapi"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 )
 
@@ -96,4 +98,34 @@ func prefixTexts(ps []netip.Prefix) []string {
 		out = append(out, a.String())
 	}
 	return out
+}
+
+// peersFresh is how old the peers' figures may be when the API asks for
+// them: a client polling `nodeagentctl peers` or a scrape every second
+// costs one read of the devices a second at most.
+const peersFresh = time.Second
+
+// peersRequest asks for the WireGuard devices with their figures (bytes,
+// handshakes) read now, which a sync reads only every resync. It updates
+// the status and the metrics with what it read; nothing is written to the
+// kernel.
+type peersRequest struct{ reply chan<- []api.WireGuardDevice }
+
+func (r peersRequest) serve(ctx context.Context, d *Daemon) {
+	if time.Since(d.peersAt) < peersFresh || len(d.desired.WG.Devices) == 0 {
+		r.reply <- d.Status().WireGuard
+		return
+	}
+	p, err := d.cv.PlanWG(ctx, d.converging())
+	if err != nil {
+		r.reply <- d.Status().WireGuard
+		return
+	}
+	d.peersAt = time.Now()
+	devs := clientapi.WithHeld(d.wgStatus.devices(p), d.desired.At(time.Now()).WG)
+	d.mu.Lock()
+	d.status.WireGuard = devs
+	d.mu.Unlock()
+	d.metrics.SetWireGuard(devs)
+	r.reply <- devs
 }

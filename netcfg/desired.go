@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/arp"
+	"github.com/nodeagent/nodeagent/netcfg/clients"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/nft"
@@ -298,7 +299,13 @@ func nftFromConfig(c config.Firewall) (nft.Desired, error) {
 	}
 	for i, k := range c.KillSwitch {
 		if p, ok := prefix(fmt.Sprintf("firewall.killSwitch[%d].from", i), k.From); ok {
-			d.KillSwitch = append(d.KillSwitch, nft.KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)})
+			ks := nft.KillSwitch{From: p, AllowOut: slices.Clone(k.AllowOut)}
+			for j, s := range k.AllowTo {
+				if q, ok := prefix(fmt.Sprintf("firewall.killSwitch[%d].allowTo[%d]", i, j), s); ok {
+					ks.AllowTo = append(ks.AllowTo, q)
+				}
+			}
+			d.KillSwitch = append(d.KillSwitch, ks)
 		}
 	}
 	d.MSSClamp = slices.Clone(c.MSSClamp)
@@ -327,6 +334,7 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 		impl = wg.ImplAuto
 	}
 	dev := wg.Device{Name: w.Name, Impl: impl, ListenPort: w.ListenPort, FwMark: w.FwMark, MTU: w.MTU, Adopt: w.Adopt}
+	now := time.Now()
 	for _, s := range w.Addresses {
 		if p, err := netip.ParsePrefix(s); err == nil {
 			dev.Addrs = append(dev.Addrs, p)
@@ -376,6 +384,12 @@ func wgDeviceFromConfig(file string, i int, w config.WireGuard, opts config.Opti
 				continue
 			}
 			p.Source = rp.File
+			if life := clients.LifeOf(rp.Peer, now); life.Held() {
+				dev.Held = append(dev.Held, heldPeer(p, life))
+				continue
+			} else {
+				p.Expires = life.Expires
+			}
 			dev.Peers = append(dev.Peers, p)
 			dev.Stage.Add(p)
 		}

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/link"
@@ -42,6 +43,9 @@ type Converger struct {
 	Userspace *wg.Userspace
 	// Resolver resolves WireGuard endpoint names; nil means the system's.
 	Resolver wg.Resolver
+	// StateDir is the daemon's state directory (the record of WireGuard
+	// peers kept from an adoption); "" keeps no state on disk.
+	StateDir string
 
 	wg   *wg.Handle
 	poll wg.Poller
@@ -51,7 +55,7 @@ type Converger struct {
 // client and the endpoint cache from one sync to the next.
 func (c *Converger) WG() *wg.Handle {
 	if c.wg == nil {
-		c.wg = &wg.Handle{Host: c.Host, Userspace: c.Userspace, Resolver: c.Resolver, Log: c.log().With("subsystem", "wireguard")}
+		c.wg = &wg.Handle{Host: c.Host, Userspace: c.Userspace, Resolver: c.Resolver, Log: c.log().With("subsystem", "wireguard"), StateDir: c.StateDir}
 	}
 	return c.wg
 }
@@ -143,8 +147,10 @@ func (p Plans) Touches() bool {
 // Plan observes the kernel once (one snapshot, shared by the subsystems
 // that read the same dumps) and returns what a sync would change. A
 // subsystem that cannot be observed is reported, in the error and in
-// Unobserved; the others are planned.
+// Unobserved; the others are planned. A peer whose expiry has passed is
+// planned out of its device (Desired.At).
 func (c *Converger) Plan(ctx context.Context, d Desired) (Plans, error) {
+	d = d.At(time.Now())
 	snap := c.Host.Snapshot()
 	p := Plans{snap: snap}
 	var errs []error
@@ -204,7 +210,7 @@ func (p Plans) coming() []string {
 // PlanWG observes and plans the WireGuard subsystem alone: the kernel sends
 // no notification when a peer is changed by hand, so the daemon polls this.
 func (c *Converger) PlanWG(ctx context.Context, d Desired) (wg.Plan, error) {
-	return c.poll.Plan(ctx, c.WG(), c.Host.Snapshot(), d.WG)
+	return c.poll.Plan(ctx, c.WG(), c.Host.Snapshot(), d.At(time.Now()).WG)
 }
 
 // PollWG is the daemon's WireGuard drift poll: only the devices whose
@@ -212,14 +218,14 @@ func (c *Converger) PlanWG(ctx context.Context, d Desired) (wg.Plan, error) {
 // names, are observed and planned (see wg.Poller); looked is false when
 // none was. With nothing changed it walks no peer and allocates nothing.
 func (c *Converger) PollWG(ctx context.Context, d Desired, always map[string]bool) (p wg.Plan, looked bool, err error) {
-	return c.poll.Poll(ctx, c.WG(), d.WG, always)
+	return c.poll.Poll(ctx, c.WG(), d.At(time.Now()).WG, always)
 }
 
 // WGEventDriven reports whether the WireGuard poll of d may wait for
 // Userspace.Changed instead of a timer (wg.Poller.EventDriven): every
 // device is this process's, in userspace, and was last found converged.
 func (c *Converger) WGEventDriven(d Desired, always map[string]bool) bool {
-	return c.poll.EventDriven(c.WG(), d.WG, always)
+	return c.poll.EventDriven(c.WG(), d.At(time.Now()).WG, always)
 }
 
 // Result is what Apply did: the report of every op, and the desired state

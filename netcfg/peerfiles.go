@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/nodeagent/nodeagent/netcfg/clients"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/plan"
 	"github.com/nodeagent/nodeagent/netcfg/register"
@@ -47,6 +49,8 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 	if len(files) > maxPeerFiles {
 		return d, nil, nil, &NeedFullSync{fmt.Sprintf("%d files changed at once", len(files))}
 	}
+	now := time.Now()
+	d = d.At(now)
 	// Each file read first; the ones gone are applied first, so that a
 	// peer moved to a new name (a rename) finds its key free.
 	type read struct {
@@ -94,8 +98,12 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 		}
 		if !cloned[di] {
 			dev.Peers = slices.Clone(dev.Peers)
+			dev.Held = slices.Clone(dev.Held)
 			cloned[di] = true
 		}
+		// The file's held peer, if it had one, goes; it comes back below
+		// if the file still holds it out.
+		dev.Held = slices.DeleteFunc(dev.Held, func(h wg.HeldPeer) bool { return h.Source == f })
 		switch {
 		case rf.Ignored && !register.Transient(name):
 			// Not a peer file: a preshared key file beside the peers,
@@ -126,6 +134,8 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 			return d, nil, nil, &NeedFullSync{f + ": " + err.Error()}
 		}
 		p.Source = f
+		life := clients.LifeOf(rf.Peer.Peer, now)
+		p.Expires = life.Expires
 		if p.Endpoint != "" {
 			if _, err := netip.ParseAddrPort(p.Endpoint); err != nil {
 				return d, nil, nil, &NeedFullSync{f + ": its endpoint is a host name"}
@@ -143,6 +153,23 @@ func (c *Converger) ApplyPeerFiles(ctx context.Context, cfg *config.Config, d De
 					return d, nil, nil, &NeedFullSync{f + ": an allowed prefix is another peer's"}
 				}
 			}
+		}
+		for _, q := range dev.Held {
+			// A held peer keeps its key and its prefixes in the
+			// register's claims.
+			if q.PublicKey == p.PublicKey || slices.ContainsFunc(p.AllowedIPs, func(a netip.Prefix) bool { return slices.Contains(q.AllowedIPs, a) }) {
+				return d, nil, nil, &NeedFullSync{f + ": its key or a prefix is a held peer's"}
+			}
+		}
+		if life.Held() {
+			// Kept out of the device, listed as held: like a file gone,
+			// for the kernel.
+			dev.Held = append(dev.Held, heldPeer(p, life))
+			if old != nil {
+				dev.Peers = slices.Delete(dev.Peers, at, at+1)
+				changes = append(changes, change{di, old, nil})
+			}
+			continue
 		}
 		if old != nil && samePeer(*old, p) {
 			continue
@@ -250,5 +277,5 @@ func literal(ep string) netip.AddrPort {
 // samePeer reports whether two desired peers configure the same.
 func samePeer(a, b wg.Peer) bool {
 	return a.PublicKey == b.PublicKey && a.Name == b.Name && a.PresharedKey == b.PresharedKey && a.Endpoint == b.Endpoint &&
-		a.Keepalive == b.Keepalive && a.Roams == b.Roams && slices.Equal(a.AllowedIPs, b.AllowedIPs)
+		a.Keepalive == b.Keepalive && a.Roams == b.Roams && slices.Equal(a.AllowedIPs, b.AllowedIPs) && a.Expires.Equal(b.Expires)
 }

@@ -25,7 +25,10 @@ func promtool(t *testing.T) string {
 // alert fires when it should, stays silent on a healthy node) pass.
 func TestAlertRules(t *testing.T) {
 	pt := promtool(t)
-	for _, args := range [][]string{{"check", "rules", "nodeagent-alerts.yml"}, {"test", "rules", "nodeagent-alerts.test.yml"}} {
+	for _, args := range [][]string{{"check", "rules", "nodeagent-alerts.yml"}, {"test", "rules", "nodeagent-alerts.test.yml"},
+		// The example left out of the shipped alerts: a peer idle past its
+		// own pattern fires, a weekly, a new and a disabled one do not.
+		{"check", "rules", "nodeagent-peer-idle.example.yml"}, {"test", "rules", "nodeagent-peer-idle.example.test.yml"}} {
 		cmd := exec.Command(pt, args...)
 		cmd.Dir = "monitoring"
 		out, err := cmd.CombinedOutput()

@@ -59,7 +59,7 @@ func TestUnitHardening(t *testing.T) {
 		"ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelModules=yes",
 		"RestrictAddressFamilies=AF_UNIX AF_NETLINK AF_INET AF_INET6 AF_PACKET\n",
 		"SystemCallFilter=@system-service", "LockPersonality=yes", "MemoryDenyWriteExecute=yes",
-		"ReadWritePaths=/etc/iproute2/rt_tables.d",
+		"ReadWritePaths=/etc/iproute2/rt_tables.d", " -/etc/nodeagent/peers.d\n",
 	} {
 		if !strings.Contains(unit, want) {
 			t.Errorf("systemd/nodeagent.service lacks %q", want)

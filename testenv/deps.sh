@@ -15,12 +15,13 @@ pkgs=(
 if [ "$what" = test ]; then
   pkgs+=(
     tcpdump                                   # watching for leaks
+    zbar-tools                                # zbarimg decodes the QR code nodeagentctl peer add draws (cmd/nodeagentctl)
     dbus-daemon                               # a private bus for the NetworkManager stand-in (netcfg/nmbus)
     prometheus                                # promtool and the server (monitoring tests)
     qemu-system-x86 busybox-static xz-utils   # the VM tier (testenv/vm)
     mmdebstrap lintian                        # the package tier
     etcd-server                               # the Kubernetes tier
-    qbittorrent-nox curl                      # the forwarded port delivered to a real client (agent/qbittorrent_netns_test.go)
+    qbittorrent-nox transmission-daemon curl  # the forwarded port delivered to real clients (agent/qbittorrent_netns_test.go)
     git ca-certificates
   )
 fi
@@ -36,9 +37,10 @@ fi
 echo "installing: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-# The prometheus package would start its own server on :9090; the tests
-# run their own, so the package's is kept from starting.
-if printf '%s\n' "${missing[@]}" | grep -qx prometheus && [ ! -e /usr/sbin/policy-rc.d ]; then
+# The prometheus and transmission-daemon packages would start their own
+# servers (:9090; :9091 and a peer port); the tests run their own, so the
+# packages' are kept from starting.
+if printf '%s\n' "${missing[@]}" | grep -qx -e prometheus -e transmission-daemon && [ ! -e /usr/sbin/policy-rc.d ]; then
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d
   trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 fi

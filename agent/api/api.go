@@ -10,7 +10,9 @@
 //	GET  /v1/status   Status
 //	GET  /v1/plan     Plan: what a sync would change now
 //	POST /v1/reload   Reload: re-read the config (root only)
-//	GET  /v1/peers    []WireGuardDevice
+//	GET  /v1/peers    []WireGuardDevice, the figures read now
+//	POST /v1/peers/add      PeerAdd -> PeerAdded (see peers.go)
+//	POST /v1/peers/disable  PeerChange -> PeerChanged; also enable, remove
 //	GET  /healthz     200 while the reconcile loop runs
 //	GET  /readyz      200 once the first full convergence is done and the node is not degraded
 package api
@@ -82,6 +84,11 @@ const (
 	// most likely doing it. It degrades the node while it lasts; it does
 	// not hold back Ready. The kill switch is never backed off.
 	CondConflict = "Conflict"
+	// GatewayRole: this node's part in the gateway role (agent/gateway),
+	// reason Holder, Standby (the message names the holder), Claiming or
+	// Fenced. True while Holder or Standby; False while Claiming or
+	// Fenced, which degrades the node. Absent without a gateway role.
+	CondGatewayRole = "GatewayRole"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.
@@ -169,6 +176,26 @@ type Status struct {
 	// Warnings are what the running config gets wrong about the network
 	// (netcfg/lint), each "file:line: field: reason; the fix".
 	Warnings []string `json:"warnings,omitempty"`
+	// Gateway is this node's part in the gateway role; absent without one.
+	Gateway *GatewayRole `json:"gateway,omitempty"`
+}
+
+// GatewayRole is this node's part in a gateway role (agent/gateway).
+type GatewayRole struct {
+	Role string `json:"role"`
+	// State is Holder, Standby, Claiming or Fenced.
+	State string `json:"state"`
+	// Holder is the Lease's holder as last read ("" when none).
+	Holder string    `json:"holder"`
+	Since  time.Time `json:"since"`
+	// Reason says why, in one line.
+	Reason string `json:"reason"`
+	// LeaseOK: the Lease was read or written within its duration.
+	LeaseOK bool `json:"leaseOK"`
+	// Transitions counts state changes since the daemon started;
+	// TookOverSeconds is how long this node's last take-over took.
+	Transitions     int     `json:"transitions"`
+	TookOverSeconds float64 `json:"tookOverSeconds,omitempty"`
 }
 
 // PIATunnel is a PIA tunnel's provider state. It holds nothing secret (no
@@ -204,17 +231,38 @@ type PIATunnel struct {
 	RetryAt     *time.Time `json:"retryAt,omitempty"`
 	// ProbeFailures counts unanswered probes of the server in a row.
 	ProbeFailures int `json:"probeFailures,omitempty"`
-	// ForwardedPort is the port PIA forwards (0: none); PortExpires when
+	// ForwardedPort is the port PIA forwards, as published (DNAT, port
+	// file, metric): 0 without one, or once it is lost; PortExpires when
 	// its signature ends, LastBind the last good bind, PortError the last
 	// port-forwarding failure.
 	ForwardedPort int        `json:"forwardedPort,omitempty"`
 	PortExpires   *time.Time `json:"portExpires,omitempty"`
 	LastBind      *time.Time `json:"lastBind,omitempty"`
 	PortError     string     `json:"portError,omitempty"`
+	// PortTroubleSince is when the port stopped being kept bound (binds
+	// failing, the tunnel down); absent while it is.
+	PortTroubleSince *time.Time `json:"portTroubleSince,omitempty"`
+	// PortLost is the port lost after 15 minutes of trouble, and since
+	// when; absent while there is none.
+	PortLost *PortLost `json:"portLost,omitempty"`
 	// DNS is the resolver the VLAN's DNS is sent to (with pia.dns).
 	DNS string `json:"dns,omitempty"`
 	// PortHook is portForward.onChange's state; absent without one.
 	PortHook *PortHook `json:"portHook,omitempty"`
+}
+
+// PortRetry is the answer to POST /v1/port/retry: the devices whose port
+// hook was made to run now, or why none was.
+type PortRetry struct {
+	Devices []string `json:"devices"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// PortLost is a forwarded port that was lost: closed everywhere (no DNAT,
+// no port file, the metric at 0) until a port is bound again.
+type PortLost struct {
+	Port  int       `json:"port"`
+	Since time.Time `json:"since"`
 }
 
 // PortHook is the state of a PIA device's port hook (portForward.onChange).
@@ -223,6 +271,8 @@ type PortHook struct {
 	// Lost that the port was lost.
 	Port int  `json:"port"`
 	Lost bool `json:"lost,omitempty"`
+	// LostPort is the port lost, when Lost.
+	LostPort int `json:"lostPort,omitempty"`
 	// Delivered: the hook exited 0 for Port at its last run.
 	Delivered bool `json:"delivered"`
 	Running   bool `json:"running,omitempty"`
@@ -231,6 +281,13 @@ type PortHook struct {
 	LastRun   *time.Time `json:"lastRun,omitempty"`
 	LastExit  string     `json:"lastExit,omitempty"`
 	LastError string     `json:"lastError,omitempty"`
+	// LastTookSeconds is how long the last run took.
+	LastTookSeconds *float64 `json:"lastTookSeconds,omitempty"`
+	// Refused counts the runs in a row that exited 77 (credentials or key
+	// refused, or the node banned); Held: so many that the hook is not
+	// run again until `nodeagentctl port --retry` or a reload.
+	Refused int  `json:"refused,omitempty"`
+	Held    bool `json:"held,omitempty"`
 	// Attempts counts the failed runs for Port since it was last
 	// delivered; NextRun is when the hook runs next.
 	Attempts int        `json:"attempts"`
@@ -274,6 +331,12 @@ type WireGuardPeer struct {
 	TxBytes             int64    `json:"txBytes"`
 	AllowedIPs          []string `json:"allowedIPs"`
 	Live                bool     `json:"live"`
+	// State is "" for a peer in the device, "disabled" or "expired" for
+	// one its file keeps out of it (Reason says why); Expires is when a
+	// peer with expires leaves the device.
+	State   string     `json:"state,omitempty"`
+	Reason  string     `json:"reason,omitempty"`
+	Expires *time.Time `json:"expires,omitempty"`
 }
 
 // Plan is what GET /v1/plan returns: the dry run of a sync now.

@@ -139,6 +139,20 @@ func (c *Client) Reload(ctx context.Context) (*Reload, error) {
 	return &r, nil
 }
 
+// RetryPortHook asks, by POST /v1/port/retry, for the port hook of device
+// (every PIA device's for "") to run now; root only.
+func (c *Client) RetryPortHook(ctx context.Context, device string) (*PortRetry, error) {
+	var r PortRetry
+	path := "/v1/port/retry"
+	if device != "" {
+		path += "?" + url.Values{"device": {device}}.Encode()
+	}
+	if err := c.do(ctx, http.MethodPost, path, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
 // Peers returns GET /v1/peers: every configured WireGuard device.
 func (c *Client) Peers(ctx context.Context) ([]WireGuardDevice, error) {
 	var devs []WireGuardDevice
@@ -162,16 +176,36 @@ func (c *Client) Readyz(ctx context.Context) error {
 // do sends one request and decodes a 2xx reply's JSON into out (nil: the
 // body is discarded).
 func (c *Client) do(ctx context.Context, method, path string, out any) error {
+	return c.send(ctx, method, path, nil, out)
+}
+
+// doJSON POSTs in as JSON to path and decodes the reply into out.
+func (c *Client) doJSON(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return fmt.Errorf("POST %s: %w", path, err)
+	}
+	return c.send(ctx, http.MethodPost, path, body, out)
+}
+
+func (c *Client) send(ctx context.Context, method, path string, body []byte, out any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://nodeagent"+path, nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://nodeagent"+path, rd)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var unreachable *unreachableError
@@ -186,20 +220,20 @@ func (c *Client) do(ctx context.Context, method, path string, out any) error {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxReply+1))
+	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxReply+1))
 	if err != nil {
 		return fmt.Errorf("%s %s: reading the reply: %w", method, path, err)
 	}
-	if len(body) > maxReply {
+	if len(reply) > maxReply {
 		return fmt.Errorf("%s %s: reply larger than %d bytes", method, path, maxReply)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return &HTTPError{Code: resp.StatusCode, Message: errorMessage(resp, body)}
+		return &HTTPError{Code: resp.StatusCode, Message: errorMessage(resp, reply)}
 	}
 	if out == nil {
 		return nil
 	}
-	if err := json.Unmarshal(body, out); err != nil {
+	if err := json.Unmarshal(reply, out); err != nil {
 		return fmt.Errorf("%s %s: decoding the reply: %w", method, path, err)
 	}
 	return nil
@@ -221,4 +255,26 @@ func errorMessage(resp *http.Response, body []byte) string {
 		text = strings.ToValidUTF8(text[:512], "") + "…"
 	}
 	return text
+}
+
+// AddPeer asks for a client to be added (POST /v1/peers/add) and returns
+// once the daemon has applied it. The daemon waits for its sync; give ctx
+// a deadline of a minute or so.
+func (c *Client) AddPeer(ctx context.Context, req PeerAdd) (*PeerAdded, error) {
+	var r PeerAdded
+	if err := c.doJSON(ctx, "/v1/peers/add", req, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// ChangePeer disables, enables or removes a client (action is one of
+// those words) by POST /v1/peers/ACTION, and returns once the device is
+// as asked.
+func (c *Client) ChangePeer(ctx context.Context, action string, req PeerChange) (*PeerChanged, error) {
+	var r PeerChanged
+	if err := c.doJSON(ctx, "/v1/peers/"+url.PathEscape(action), req, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
 }

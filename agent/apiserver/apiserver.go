@@ -5,9 +5,12 @@
 //
 //   - The socket file gates who can connect at all: mode 0660, group
 //     nodeagent (root only, 0600, when that group does not exist).
-//   - Anyone who can connect may read. Writes (POST /v1/reload) need the
-//     peer to be uid 0, taken from the kernel (SO_PEERCRED) at accept time,
-//     not from anything the client says.
+//   - Anyone who can connect may read, and add, disable, enable or remove
+//     a remote-access client (POST /v1/peers/*: a register file of public
+//     keys, what the group exists to manage). Other writes (POST
+//     /v1/reload, /v1/port/retry) need the peer to be uid 0, taken from
+//     the kernel (SO_PEERCRED) at accept time, not from anything the
+//     client says.
 //   - Requests that carry Origin, Referer or Sec-Fetch-* headers are
 //     refused. Only browsers send those, and a browser must never be able to
 //     drive the daemon, whether through a local TCP-to-unix proxy, DNS
@@ -48,6 +51,21 @@ type Backend interface {
 	Reload(ctx context.Context) api.Reload
 	// Healthy reports whether the reconcile loop is alive.
 	Healthy() bool
+	// RetryPortHook runs a PIA device's port hook now (every device's
+	// for "").
+	RetryPortHook(ctx context.Context, device string) api.PortRetry
+}
+
+// PeerBackend is what the remote-access clients' endpoints ask of the
+// backend, when it has them (the daemon does). Their errors may carry an
+// HTTP status (an HTTPStatus() int method): 400 for a bad request, 404 for
+// no such peer or device, 409 for a name in use or a full subnet.
+type PeerBackend interface {
+	// Peers returns the WireGuard devices with their figures read now.
+	Peers(ctx context.Context) []api.WireGuardDevice
+	AddPeer(ctx context.Context, req api.PeerAdd) (api.PeerAdded, error)
+	// ChangePeer disables, enables or removes a peer (action).
+	ChangePeer(ctx context.Context, action string, req api.PeerChange) (api.PeerChanged, error)
 }
 
 // DefaultGroup is the group whose members may read the API.
@@ -353,6 +371,12 @@ func lookup(path string) (route, bool) {
 		return route{method: http.MethodPost, root: true, serve: (*server).reload}, true
 	case "/v1/peers":
 		return route{method: http.MethodGet, serve: (*server).peers}, true
+	case "/v1/peers/add":
+		return route{method: http.MethodPost, serve: (*server).peerAdd}, true
+	case "/v1/peers/disable", "/v1/peers/enable", "/v1/peers/remove":
+		return route{method: http.MethodPost, serve: (*server).peerChange}, true
+	case "/v1/port/retry":
+		return route{method: http.MethodPost, root: true, serve: (*server).portRetry}, true
 	case "/healthz":
 		return route{method: http.MethodGet, serve: (*server).healthz}, true
 	case "/readyz":
@@ -437,12 +461,117 @@ func (s *server) reload(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, res)
 }
 
+// portRetry runs a port hook now: ?device=NAME, or every device's.
+func (s *server) portRetry(w http.ResponseWriter, r *http.Request) {
+	dev := r.URL.Query().Get("device")
+	if len(dev) > 15 || strings.ContainsFunc(dev, func(c rune) bool { return c <= ' ' || c == '/' || c > '~' }) {
+		writeError(w, http.StatusBadRequest, "device: not an interface name")
+		return
+	}
+	p := peerFrom(r.Context())
+	res := s.b.RetryPortHook(r.Context(), dev)
+	s.log.Info("port hook retry requested over the API", "peer_pid", p.pid, "device", dev, "retried", strings.Join(res.Devices, ","), "error", res.Error)
+	code := http.StatusOK
+	if res.Error != "" && len(res.Devices) == 0 {
+		code = http.StatusConflict
+	}
+	writeJSON(w, code, res)
+}
+
 func (s *server) peers(w http.ResponseWriter, r *http.Request) {
-	devs := s.b.Status().WireGuard
+	var devs []api.WireGuardDevice
+	if pb, ok := s.b.(PeerBackend); ok {
+		devs = pb.Peers(r.Context())
+	} else {
+		devs = s.b.Status().WireGuard
+	}
 	if devs == nil {
 		devs = []api.WireGuardDevice{} // [] rather than null for clients
 	}
 	writeJSON(w, http.StatusOK, devs)
+}
+
+// peerAdd adds a remote-access client: for root and the socket's group,
+// whose members can connect at all (the socket is theirs alone).
+func (s *server) peerAdd(w http.ResponseWriter, r *http.Request) {
+	pb, ok := s.b.(PeerBackend)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, "this daemon does not add peers")
+		return
+	}
+	var req api.PeerAdd
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	p := peerFrom(r.Context())
+	res, err := pb.AddPeer(r.Context(), req)
+	if err != nil {
+		s.log.Info("peer add refused", "peer_uid", p.uid, "peer_pid", p.pid, "name", clip(req.Name), "err", err)
+		writeError(w, httpStatus(err), err.Error())
+		return
+	}
+	// A change of the register: logged at info with who asked (never a
+	// key).
+	s.log.Info("peer added over the API", "peer_uid", p.uid, "peer_pid", p.pid, "device", res.Device, "name", res.Name,
+		"file", res.File, "addresses", strings.Join(res.Addresses, ","))
+	writeJSON(w, http.StatusOK, res)
+}
+
+// peerChange disables, enables or removes a remote-access client.
+func (s *server) peerChange(w http.ResponseWriter, r *http.Request) {
+	pb, ok := s.b.(PeerBackend)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, "this daemon does not change peers")
+		return
+	}
+	var req api.PeerChange
+	if !decodeBody(w, r, &req) {
+		return
+	}
+	action := strings.TrimPrefix(r.URL.Path, "/v1/peers/")
+	p := peerFrom(r.Context())
+	res, err := pb.ChangePeer(r.Context(), action, req)
+	if err != nil {
+		s.log.Info("peer "+action+" refused", "peer_uid", p.uid, "peer_pid", p.pid, "name", clip(req.Name), "err", err)
+		writeError(w, httpStatus(err), err.Error())
+		return
+	}
+	s.log.Info("peer "+action+" over the API", "peer_uid", p.uid, "peer_pid", p.pid, "device", res.Device, "name", res.Name, "file", res.File, "changed", res.Changed)
+	writeJSON(w, http.StatusOK, res)
+}
+
+// decodeBody reads r's JSON body into v (unknown fields refused), or
+// answers 400 and reports false.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		msg := "the body is not the JSON this endpoint takes"
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			msg = "request body too large"
+		}
+		writeError(w, http.StatusBadRequest, msg)
+		return false
+	}
+	return true
+}
+
+// httpStatus is err's HTTP status, 500 when it names none.
+func httpStatus(err error) int {
+	var hs interface{ HTTPStatus() int }
+	if errors.As(err, &hs) {
+		return hs.HTTPStatus()
+	}
+	return http.StatusInternalServerError
+}
+
+// clip bounds a client-given string in a log line.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {

@@ -49,6 +49,7 @@ func runChild(sock string) int {
 	for _, req := range []struct{ method, path string }{
 		{"GET", "/v1/status"},
 		{"POST", "/v1/reload"},
+		{"POST", "/v1/port/retry"},
 	} {
 		var r childResult
 		code, body, err := do(c, req.method, req.path, nil)
@@ -106,6 +107,13 @@ func (f *fakeBackend) Reload(ctx context.Context) api.Reload {
 }
 
 func (f *fakeBackend) Healthy() bool { return f.healthy }
+
+func (f *fakeBackend) RetryPortHook(ctx context.Context, device string) api.PortRetry {
+	if device != "" && device != "wg-pia" {
+		return api.PortRetry{Error: device + " is not a PIA device"}
+	}
+	return api.PortRetry{Devices: []string{"wg-pia"}}
+}
 
 func (f *fakeBackend) reloadCount() int {
 	f.mu.Lock()
@@ -308,6 +316,29 @@ func TestReloadAsRoot(t *testing.T) {
 	}
 	if n := b.reloadCount(); n != 1 {
 		t.Errorf("backend reloaded %d times, want 1", n)
+	}
+}
+
+// TestPortRetry: POST /v1/port/retry as root runs the named device's hook
+// (or every device's); a device that is not a PIA device is 409 with why;
+// a name that is no interface name is refused before the daemon is asked.
+func TestPortRetry(t *testing.T) {
+	requireRoot(t, "be a uid 0 peer")
+	_, c := start(t, &fakeBackend{})
+	for _, x := range []struct {
+		path string
+		code int
+		want any
+	}{
+		{"/v1/port/retry", 200, api.PortRetry{Devices: []string{"wg-pia"}}},
+		{"/v1/port/retry?device=wg-pia", 200, api.PortRetry{Devices: []string{"wg-pia"}}},
+		{"/v1/port/retry?device=wg0", 409, api.PortRetry{Error: "wg0 is not a PIA device"}},
+		{"/v1/port/retry?device=a%2Fb", 400, api.Error{Error: "device: not an interface name"}},
+	} {
+		code, body, err := do(c, "POST", x.path, nil)
+		if err != nil || code != x.code || body != marshal(t, x.want) {
+			t.Errorf("POST %s: %d %s (%v), want %d %s", x.path, code, body, err, x.code, marshal(t, x.want))
+		}
 	}
 }
 
@@ -688,8 +719,9 @@ func TestNonRootClient(t *testing.T) {
 	t.Run("in the group", func(t *testing.T) {
 		res := child(t, gid)
 		want := map[string]childResult{
-			"GET /v1/status":  {Code: 200, Body: marshal(t, b.Status())},
-			"POST /v1/reload": {Code: 403, Body: marshal(t, api.Error{Error: "reload needs root"})},
+			"GET /v1/status":      {Code: 200, Body: marshal(t, b.Status())},
+			"POST /v1/reload":     {Code: 403, Body: marshal(t, api.Error{Error: "reload needs root"})},
+			"POST /v1/port/retry": {Code: 403, Body: marshal(t, api.Error{Error: "port/retry needs root"})},
 		}
 		if diff := cmp.Diff(want, res); diff != "" {
 			t.Errorf("as nobody:nogroup (-want +got):\n%s", diff)

@@ -132,6 +132,12 @@ func (k *checker) pia(p string, s config.PIA, o Options) {
 		_, err := pia.ReadCreds(s.CredentialsFile)
 		k.readRoots(p+".credentialsFile", s.CredentialsFile, err)
 	}
+	if pf := s.PortForward; pf.Enabled && len(pf.OnChange) > 0 && strings.HasPrefix(pf.OnChange[0], "/") {
+		field := p + ".portForward.onChange"
+		for _, msg := range HookProblems(pf.OnChange[0]) {
+			k.errorf(field, "%s", msg)
+		}
+	}
 	for _, f := range []struct{ name, path string }{{"caFile", s.CAFile}, {"webCAFile", s.WebCAFile}} {
 		if f.path != "" {
 			_, err := pia.LoadRoots(f.path)

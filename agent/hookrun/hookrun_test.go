@@ -329,3 +329,150 @@ func TestStopKillsRun(t *testing.T) {
 		t.Errorf("the stopped hook's sleep %d survived", pid)
 	}
 }
+
+// TestTookIsTheRunsDuration: Result.Took is how long the run took (it was
+// 0 for every run, so every log line said took=0s).
+func TestTookIsTheRunsDuration(t *testing.T) {
+	r := Run(t.Context(), []string{script(t, "sleep 0.3\n")}, nil, 5*time.Second)
+	if !r.OK() || r.Took < 300*time.Millisecond || r.Took > 5*time.Second {
+		t.Errorf("took %s (ok %v), want about 300ms", r.Took, r.OK())
+	}
+}
+
+// TestNewCommandDuringRun: a reload that changes the command while the old
+// one runs: the old run's success is not the new command's (no "delivered"
+// and no wait of every), nor is its failure (no backoff): the new command
+// runs as soon as the old run ended.
+func TestNewCommandDuringRun(t *testing.T) {
+	for _, oldExit := range []int{0, 1} {
+		t.Run("old exits "+strconv.Itoa(oldExit), func(t *testing.T) {
+			log := filepath.Join(t.TempDir(), "log")
+			old := script(t, "sleep 1\necho old $(date +%s.%N) >> "+log+"\nexit "+strconv.Itoa(oldExit)+"\n")
+			neu := script(t, "echo new $(date +%s.%N) >> "+log+"\n")
+			var o outcomes
+			cfg := Config{Device: "wg-pia", Argv: []string{old}, Timeout: 10 * time.Second, Every: 5 * time.Minute, BackoffMin: time.Minute}
+			s := Start(t.Context(), cfg, nil, o.add)
+			defer s.Stop()
+			s.Set(State{Port: 47000})
+			waitFor(t, "the old command running", 5*time.Second, func() bool { return s.Status().Running })
+			cfg.Argv = []string{neu}
+			s.Reconfigure(cfg)
+			if st := s.Status(); st.Delivered {
+				t.Errorf("delivered right after a new command: %+v", st)
+			}
+			waitFor(t, "the new command's run", 5*time.Second, func() bool { return len(o.get()) >= 2 })
+			got := o.get()
+			if !got[0].Stale || got[1].Stale || !got[1].Result.OK() {
+				t.Errorf("outcomes %+v", got)
+			}
+			lines := strings.Fields(strings.ReplaceAll(readFile(log), "\n", " "))
+			if len(lines) != 4 || lines[0] != "old" || lines[2] != "new" {
+				t.Fatalf("runs: %q", lines)
+			}
+			end, _ := strconv.ParseFloat(lines[1], 64)
+			began, _ := strconv.ParseFloat(lines[3], 64)
+			gap := time.Duration((began - end) * float64(time.Second))
+			t.Logf("old run (exit %d) ended -> new command ran %s later", oldExit, gap.Round(time.Millisecond))
+			if gap > time.Second {
+				t.Errorf("the new command ran %s after the old run ended, want within 1s", gap)
+			}
+			if st := s.Status(); !st.Delivered || st.Failures != 0 {
+				t.Errorf("after the new command's success: %+v", st)
+			}
+		})
+	}
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+// TestRefusedWaitsAndHolds: a hook that exits ExitRefused is attempted
+// again no sooner than RefusedWait, whatever its backoff, and not at all
+// after RefusedMax such runs in a row, not even for a new port; Retry
+// lifts the hold; a success clears the count.
+func TestRefusedWaitsAndHolds(t *testing.T) {
+	dir := t.TempDir()
+	log, ok := filepath.Join(dir, "log"), filepath.Join(dir, "ok")
+	hook := script(t, "echo $(date +%s.%N) $NODEAGENT_PIA_PORT >> "+log+"\n[ -e "+ok+" ] && exit 0\necho 'login refused'\nexit 77\n")
+	var o outcomes
+	const wait = 400 * time.Millisecond
+	s := Start(t.Context(), Config{Device: "wg-pia", Argv: []string{hook}, Timeout: 5 * time.Second,
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond, RefusedWait: wait, RefusedMax: 3}, nil, o.add)
+	defer s.Stop()
+	s.Set(State{Port: 47000})
+	waitFor(t, "held after three refusals", 10*time.Second, func() bool { return s.Status().Held })
+	got := o.get()
+	if len(got) != 3 || !got[2].Held || got[1].Held {
+		t.Fatalf("outcomes %+v", got)
+	}
+	for i := 1; i < len(got); i++ {
+		if gap := got[i].Result.Start.Sub(got[i-1].Result.Start); gap < wait {
+			t.Errorf("refused runs %d and %d %s apart, want at least %s", i-1, i, gap, wait)
+		}
+	}
+	if st := s.Status(); st.Refused != 3 || !st.Next.IsZero() || st.Delivered {
+		t.Errorf("held: %+v", st)
+	}
+	// A new port does not lift the hold.
+	s.Set(State{Port: 51000, Previous: 47000})
+	time.Sleep(3 * wait)
+	if n := len(o.get()); n != 3 {
+		t.Errorf("%d runs while held, want none", n-3)
+	}
+	// The operator fixed it and retries: run now, delivered.
+	os.WriteFile(ok, nil, 0o644)
+	if !s.Retry(false) {
+		t.Fatal("Retry scheduled nothing")
+	}
+	waitFor(t, "delivered after the retry", 5*time.Second, func() bool { return s.Status().Delivered })
+	if st := s.Status(); st.Refused != 0 || st.Held || st.Want.Port != 51000 {
+		t.Errorf("after the retry: %+v", st)
+	}
+	if s.Retry(true) {
+		t.Error("Retry(failedOnly) ran a hook that delivered its state")
+	}
+}
+
+// TestRetryFailedNow: a failing hook waiting for its backoff runs at once
+// on Retry(true).
+func TestRetryFailedNow(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "log")
+	hook := script(t, "echo x >> "+log+"\nexit 1\n")
+	var o outcomes
+	s := Start(t.Context(), Config{Device: "wg-pia", Argv: []string{hook}, Timeout: 5 * time.Second, BackoffMin: time.Hour}, nil, o.add)
+	defer s.Stop()
+	s.Set(State{Port: 47000})
+	waitFor(t, "a failure", 5*time.Second, func() bool { return len(o.get()) == 1 })
+	if !s.Retry(true) {
+		t.Fatal("Retry(failedOnly) scheduled nothing for a failed hook")
+	}
+	waitFor(t, "the retry", 5*time.Second, func() bool { return len(o.get()) == 2 })
+	if st := s.Status(); st.Failures != 2 {
+		t.Errorf("after the retry: %+v", st)
+	}
+}
+
+// TestStopEndsAStubbornHook: a hook that ignores SIGTERM is killed
+// KillGrace later, with what it started; Done waits for that.
+func TestStopEndsAStubbornHook(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	hook := script(t, "trap '' TERM\nsleep 500 &\necho $! > "+pidFile+"\nwhile :; do sleep 0.1; done\n")
+	s := Start(context.Background(), Config{Device: "wg-pia", Argv: []string{hook}, Timeout: time.Minute}, nil, nil)
+	s.Set(State{Port: 1})
+	waitFor(t, "the hook's child", 5*time.Second, func() bool { _, err := os.Stat(pidFile); return err == nil })
+	pid := readPid(t, pidFile)
+	start := time.Now()
+	s.Stop()
+	select {
+	case <-s.Done():
+	case <-time.After(KillGrace + 5*time.Second):
+		t.Fatal("the scheduler did not stop")
+	}
+	t.Logf("a hook ignoring SIGTERM ended %s after Stop (KillGrace %s)", time.Since(start).Round(10*time.Millisecond), KillGrace)
+	if alive(pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("the stopped hook's sleep %d survived Done", pid)
+	}
+}

@@ -9,7 +9,15 @@
 // own exit status 0: a background job it left behind neither fails it nor
 // holds it up (its output is read, and thrown away, for as long as it
 // keeps the pipe open). At the timeout the whole process group is sent
-// SIGTERM and, KillGrace later, SIGKILL.
+// SIGTERM and, KillGrace later, SIGKILL; so is it when the caller's
+// context ends (the daemon stopping), and the run returns only once the
+// group is gone.
+//
+// A hook that exits ExitRefused (77, sysexits' EX_NOPERM) says that what
+// it talks to refused its credentials or key, or banned it: the Scheduler
+// then waits at least RefusedWait before the next attempt and stops after
+// RefusedMax such runs in a row, so that nodeagent's retries never add up
+// to a client's ban of the node's address.
 package hookrun
 
 import (
@@ -37,9 +45,13 @@ const (
 	// OutputCap is how much of a hook's output (stdout and stderr, as
 	// written) is kept; the rest is read and discarded.
 	OutputCap = 4096
-	// KillGrace is how long a timed-out hook's process group has between
-	// SIGTERM and SIGKILL.
-	KillGrace = 2 * time.Second
+	// KillGrace is how long a timed-out (or stopped) hook's process group
+	// has between SIGTERM and SIGKILL: room for a hook's own clean-up on
+	// SIGTERM (a WebUI logout of a few seconds).
+	KillGrace = 5 * time.Second
+	// ReapGrace bounds the wait, after SIGKILL, for the group's members to
+	// be reaped.
+	ReapGrace = 2 * time.Second
 	// PipeGrace is how long the output is waited for once the hook itself
 	// exited: a background job that holds the pipe open is not waited for
 	// longer.
@@ -63,6 +75,15 @@ type Result struct {
 
 // OK reports whether the hook exited 0.
 func (r Result) OK() bool { return r.Err == nil }
+
+// ExitRefused is the exit status by which a hook says that what it talks
+// to refused its credentials or key, or banned this node (sysexits'
+// EX_NOPERM): a retry cannot help before someone fixes them, and retries
+// could get the node's address banned.
+const ExitRefused = 77
+
+// Refused reports whether the hook exited ExitRefused.
+func (r Result) Refused() bool { return r.Exit == ExitRefused }
 
 // Outcome is "success", "failure" or "timeout", as the metrics count runs.
 func (r Result) Outcome() string {
@@ -118,8 +139,9 @@ func firstLine(s string) string {
 // Run runs argv (argv[0] an absolute path; no shell) with Env plus env,
 // for at most timeout, and returns how it went. A cancelled ctx ends the
 // run as the timeout does (the process group is killed).
-func Run(ctx context.Context, argv, env []string, timeout time.Duration) Result {
-	r := Result{Start: time.Now(), Exit: -1}
+func Run(ctx context.Context, argv, env []string, timeout time.Duration) (r Result) {
+	r = Result{Start: time.Now(), Exit: -1}
+	// On the named result: a deferred assignment to a copy would be lost.
 	defer func() { r.Took = time.Since(r.Start) }()
 	if len(argv) == 0 {
 		r.Err = errors.New("no command")
@@ -211,6 +233,13 @@ func killGroup(pgid int, exited <-chan error) error {
 	syscall.Kill(-pgid, syscall.SIGKILL)
 	if !done {
 		werr = <-exited
+	}
+	// Killed, the group's other members are reaped by whoever adopted
+	// them (init): until then they are still in the group. Returning only
+	// once they are gone lets a caller that stops say that nothing of the
+	// hook is left.
+	for end := time.Now().Add(ReapGrace); time.Now().Before(end) && syscall.Kill(-pgid, 0) == nil; {
+		time.Sleep(10 * time.Millisecond)
 	}
 	return werr
 }

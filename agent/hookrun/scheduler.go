@@ -36,6 +36,18 @@ const (
 	BackoffMax = 5 * time.Minute
 )
 
+// After a refused run (ExitRefused): the next attempt comes RefusedWait
+// later at the earliest, and RefusedMax refused runs in a row stop the
+// automatic attempts until Retry or a new command. qBittorrent bans an
+// address after 5 failed logins (its default) and forgets them only on a
+// good login or at the ban's end, so a hook retried on any period would
+// get the node banned in the end; 3 leaves a person at a browser on the
+// same address 2 tries.
+const (
+	RefusedWait = 15 * time.Minute
+	RefusedMax  = 3
+)
+
 // Config is one device's hook.
 type Config struct {
 	Device  string
@@ -44,9 +56,27 @@ type Config struct {
 	// Every is how long after a success the hook runs again with the
 	// current state; 0: not again until the state changes.
 	Every time.Duration
-	// BackoffMin and BackoffMax default to the package's (tests shorten
-	// them).
+	// BackoffMin, BackoffMax, RefusedWait and RefusedMax default to the
+	// package's (tests shorten them; the product keeps them).
 	BackoffMin, BackoffMax time.Duration
+	RefusedWait            time.Duration
+	RefusedMax             int
+}
+
+func (c Config) withDefaults() Config {
+	if c.BackoffMin <= 0 {
+		c.BackoffMin = BackoffMin
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = BackoffMax
+	}
+	if c.RefusedWait <= 0 {
+		c.RefusedWait = RefusedWait
+	}
+	if c.RefusedMax <= 0 {
+		c.RefusedMax = RefusedMax
+	}
+	return c
 }
 
 // Outcome is one finished run, as Done is told of it.
@@ -57,6 +87,12 @@ type Outcome struct {
 	// Attempt counts the runs for State since its last success, this one
 	// included.
 	Attempt int
+	// Stale: the run was of a command a reload has replaced since it
+	// started; it counts for nothing, and the new command runs now.
+	Stale bool
+	// Held: this run was the RefusedMax-th refused one in a row; there
+	// is no automatic attempt until Retry.
+	Held bool
 }
 
 // Status is a scheduler's state, for status and metrics.
@@ -69,6 +105,11 @@ type Status struct {
 	Running   bool
 	// Failures counts the failed runs for Want since its last success.
 	Failures int
+	// Refused counts the refused runs (ExitRefused) in a row, whatever
+	// state they were for; Held: RefusedMax of them stopped the
+	// automatic attempts.
+	Refused int
+	Held    bool
 	// Last is the last finished run (zero Start: none yet).
 	Last Result
 	// Next is when the hook runs next (zero: not scheduled).
@@ -78,6 +119,9 @@ type Status struct {
 // Scheduler runs one device's hook until it succeeds for the state it was
 // last given, again every Every after that, never two runs at once: a
 // state set during a run waits for it, then one run delivers the newest.
+// A new command (Reconfigure) has delivered nothing: it runs as soon as a
+// run of the old one ended, and inherits neither its success nor its
+// backoff.
 type Scheduler struct {
 	done   func(Outcome)
 	kick   chan struct{}
@@ -86,14 +130,21 @@ type Scheduler struct {
 
 	mu        sync.Mutex
 	cfg       Config
+	gen       int // bumped by each new command
 	want      State
 	hasWant   bool
 	delivered *State // what the last successful run delivered
 	failed    bool   // the last run for want failed
 	failures  int
-	running   bool
-	last      Result
-	next      time.Time // zero: not scheduled
+	// refused runs in a row; until is the earliest next attempt after
+	// the last; held: RefusedMax of them, no automatic attempt.
+	refused int
+	until   time.Time
+	held    bool
+	running bool
+	again   bool // Retry during a run: run again as soon as it ends
+	last    Result
+	next    time.Time // zero: not scheduled
 }
 
 // Start starts a scheduler; it stops with ctx or Stop. delivered, when not
@@ -102,12 +153,7 @@ type Scheduler struct {
 // called after each run, from the scheduler's goroutine: it must not
 // block.
 func Start(ctx context.Context, cfg Config, delivered *State, done func(Outcome)) *Scheduler {
-	if cfg.BackoffMin <= 0 {
-		cfg.BackoffMin = BackoffMin
-	}
-	if cfg.BackoffMax <= 0 {
-		cfg.BackoffMax = BackoffMax
-	}
+	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Scheduler{cfg: cfg, done: done, kick: make(chan struct{}, 1), cancel: cancel, exited: make(chan struct{})}
 	if delivered != nil {
@@ -122,7 +168,8 @@ func Start(ctx context.Context, cfg Config, delivered *State, done func(Outcome)
 }
 
 // Set makes st the state to deliver. A new state is run for at once (once
-// a run under way ended), with the backoff started over.
+// a run under way ended), with the backoff started over, unless refused
+// runs hold the hook: a new port does not make refused credentials good.
 func (s *Scheduler) Set(st State) {
 	s.mu.Lock()
 	if s.hasWant && s.want == st {
@@ -131,19 +178,34 @@ func (s *Scheduler) Set(st State) {
 	}
 	s.want, s.hasWant = st, true
 	s.failed, s.failures = false, 0
-	s.next = time.Now()
+	s.next = s.dueLocked(time.Now())
 	s.mu.Unlock()
 	s.poke()
 }
 
+// dueLocked is when a run wanted now may go: now, or when the refused
+// runs allow (zero while held).
+func (s *Scheduler) dueLocked(now time.Time) time.Time {
+	switch {
+	case s.held:
+		return time.Time{}
+	case s.until.After(now):
+		return s.until
+	}
+	return now
+}
+
 // Reconfigure takes a reloaded config: a new command has delivered
-// nothing yet and runs at once; a new timeout or period applies from the
-// next run.
+// nothing yet, owes nothing to the old one's failures or refusals, and
+// runs at once (once a run of the old one under way ended); a new timeout
+// or period applies from the next run.
 func (s *Scheduler) Reconfigure(cfg Config) {
 	s.mu.Lock()
-	cfg.BackoffMin, cfg.BackoffMax = s.cfg.BackoffMin, s.cfg.BackoffMax
+	cfg.BackoffMin, cfg.BackoffMax, cfg.RefusedWait, cfg.RefusedMax = s.cfg.BackoffMin, s.cfg.BackoffMax, s.cfg.RefusedWait, s.cfg.RefusedMax
 	if !slices.Equal(cfg.Argv, s.cfg.Argv) {
+		s.gen++
 		s.delivered, s.failed, s.failures = nil, false, 0
+		s.refused, s.until, s.held = 0, time.Time{}, false
 		if s.hasWant {
 			s.next = time.Now()
 		}
@@ -158,8 +220,29 @@ func (s *Scheduler) Reconfigure(cfg Config) {
 	s.poke()
 }
 
-// Stop stops the scheduler, killing a run under way; Done is closed when
-// its goroutine ended.
+// Retry runs the hook now (once a run under way ended) for the state it
+// has, lifting a refusal's wait or hold: an operator says the cause is
+// fixed. With failedOnly, a hook whose last run delivered the state is
+// left alone (a reload retries only what failed). It reports whether a
+// run was scheduled.
+func (s *Scheduler) Retry(failedOnly bool) bool {
+	s.mu.Lock()
+	defer s.poke()
+	defer s.mu.Unlock()
+	if !s.hasWant || failedOnly && !s.failed && !s.held && !s.until.After(time.Now()) {
+		return false
+	}
+	s.refused, s.until, s.held = 0, time.Time{}, false
+	s.next = time.Now()
+	if s.running {
+		s.again = true
+	}
+	return true
+}
+
+// Stop stops the scheduler, killing a run under way (its process group:
+// SIGTERM, SIGKILL KillGrace later); Done is closed once that run is over
+// and the scheduler's goroutine ended.
 func (s *Scheduler) Stop() { s.cancel() }
 
 // Done is closed once the scheduler stopped and no hook of its runs.
@@ -170,7 +253,7 @@ func (s *Scheduler) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return Status{Want: s.want, HasWant: s.hasWant, Delivered: s.upToDate(), Running: s.running,
-		Failures: s.failures, Last: s.last, Next: s.next}
+		Failures: s.failures, Refused: s.refused, Held: s.held, Last: s.last, Next: s.next}
 }
 
 func (s *Scheduler) upToDate() bool {
@@ -210,8 +293,8 @@ func (s *Scheduler) run(ctx context.Context) {
 			s.mu.Unlock()
 			continue
 		}
-		st, cfg := s.want, s.cfg
-		s.running, s.next = true, time.Time{}
+		st, cfg, gen := s.want, s.cfg, s.gen
+		s.running, s.next, s.again = true, time.Time{}, false
 		s.mu.Unlock()
 
 		r := Run(ctx, cfg.Argv, st.Env(cfg.Device), cfg.Timeout)
@@ -223,37 +306,69 @@ func (s *Scheduler) run(ctx context.Context) {
 		}
 
 		s.mu.Lock()
-		s.running, s.last = false, r
-		now := time.Now()
-		var o Outcome
-		switch {
-		case s.want != st:
-			// Set during the run: the newest state is due now, whatever
-			// became of this one.
-			s.next = now
-			if r.OK() {
-				d := st
-				s.delivered = &d
-			}
-			o = Outcome{Device: cfg.Device, State: st, Result: r, Attempt: s.failures + 1}
-		case r.OK():
-			o = Outcome{Device: cfg.Device, State: st, Result: r, Attempt: s.failures + 1}
-			d := st
-			s.delivered, s.failed, s.failures = &d, false, 0
-			if s.cfg.Every > 0 {
-				s.next = now.Add(s.cfg.Every)
-			}
-		default:
-			s.failed = true
-			s.failures++
-			s.next = now.Add(backoff(s.failures, s.cfg.BackoffMin, s.cfg.BackoffMax))
-			o = Outcome{Device: cfg.Device, State: st, Result: r, Attempt: s.failures}
-		}
+		o := s.finishLocked(r, st, gen, time.Now())
 		s.mu.Unlock()
 		if s.done != nil {
 			s.done(o)
 		}
 	}
+}
+
+// finishLocked takes a finished run of command generation gen for st and
+// schedules the next.
+func (s *Scheduler) finishLocked(r Result, st State, gen int, now time.Time) Outcome {
+	s.running, s.last = false, r
+	o := Outcome{Device: s.cfg.Device, State: st, Result: r, Attempt: s.failures + 1, Stale: gen != s.gen}
+	current := s.want == st
+	if !o.Stale {
+		switch {
+		case r.OK():
+			d := st
+			s.delivered = &d
+			s.refused, s.until, s.held = 0, time.Time{}, false
+			if current {
+				s.failed, s.failures = false, 0
+				s.next = time.Time{}
+				if s.cfg.Every > 0 {
+					s.next = now.Add(s.cfg.Every)
+				}
+			}
+		case r.Refused():
+			s.refused++
+			wait := s.cfg.RefusedWait
+			if current {
+				s.failed = true
+				s.failures++
+				o.Attempt = s.failures
+				wait = max(wait, backoff(s.failures, s.cfg.BackoffMin, s.cfg.BackoffMax))
+			}
+			s.until = now.Add(wait)
+			if s.refused >= s.cfg.RefusedMax {
+				s.held, s.until, o.Held = true, time.Time{}, true
+			}
+			s.next = s.dueLocked(now)
+		default:
+			if current {
+				s.failed = true
+				s.failures++
+				o.Attempt = s.failures
+				s.next = now.Add(backoff(s.failures, s.cfg.BackoffMin, s.cfg.BackoffMax))
+				if s.until.After(s.next) {
+					s.next = s.until
+				}
+				if s.held {
+					s.next = time.Time{}
+				}
+			}
+		}
+	}
+	// Something newer than this run is due: a new command, a new state,
+	// or an operator's retry during the run.
+	if (o.Stale || !current || s.again) && s.hasWant {
+		s.again = false
+		s.next = s.dueLocked(now)
+	}
+	return o
 }
 
 // backoff is the wait after the n-th failure in a row: lo, doubling, at

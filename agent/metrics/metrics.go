@@ -66,6 +66,8 @@ type Metrics struct {
 	killSwitchDrops atomic.Uint64
 
 	wg *wireGuardCollector
+	// refresh, when set, is run before a scrape (SetRefresh).
+	refresh atomic.Pointer[func(context.Context)]
 }
 
 // New returns a Metrics with every metric registered on a fresh registry.
@@ -101,7 +103,7 @@ func New() *Metrics {
 		}, []string{"device", "kind"}),
 		forwardedPort: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "forwarded_port",
-			Help: "The port the VPN provider forwards to this node, by WireGuard device.",
+			Help: "The port the VPN provider forwards to this node, by WireGuard device: 0 while port forwarding is on and no port is bound (none yet, or the port lost); no series with port forwarding off.",
 		}, []string{"device"}),
 		hookRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "port_hook_runs_total",
@@ -249,15 +251,18 @@ func (m *Metrics) SetKillSwitchDrops(n uint64) {
 	m.killSwitchDrops.Store(n)
 }
 
-// SetForwardedPort sets the port forwarded to device; port 0 (the
-// forwarding lapsed or was turned off) removes the series rather than
-// exporting a port nobody can use.
+// SetForwardedPort sets the port forwarded to device, a device with port
+// forwarding on: 0 while none is bound (none yet, or the port lost), so
+// that an alert sees "on, and no port" as a value, which an absent series
+// cannot say.
 func (m *Metrics) SetForwardedPort(device string, port int) {
-	if port <= 0 {
-		m.forwardedPort.DeleteLabelValues(device)
-		return
-	}
-	m.forwardedPort.WithLabelValues(device).Set(float64(port))
+	m.forwardedPort.WithLabelValues(device).Set(float64(max(port, 0)))
+}
+
+// ClearForwardedPort removes device's series: port forwarding turned off,
+// or the device gone.
+func (m *Metrics) ClearForwardedPort(device string) {
+	m.forwardedPort.DeleteLabelValues(device)
 }
 
 // Port hook results for PortHookRan.
@@ -316,35 +321,49 @@ func (m *Metrics) SetPendingObjects(n int) {
 
 // Handler serves the registry in the Prometheus exposition formats.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
+	h := promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
 		// A failing collector (say /proc unreadable) should cost its own
 		// series, not the whole scrape.
 		ErrorHandling:       promhttp.ContinueOnError,
 		MaxRequestsInFlight: 4,
 		Timeout:             10 * time.Second,
 	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.refreshNow(r.Context())
+		h.ServeHTTP(w, r)
+	})
 }
 
-// Serve serves /metrics on addr (e.g. "127.0.0.1:9477") until ctx ends. The
-// daemon only calls it when given an address: the metrics are read-only and
-// secret-free (peers are named by public key), but a listener is still
-// something an operator should choose to open.
-func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) error {
+// Serve serves /metrics, and the forwarded port (PortPaths, behind
+// apiKey when it is not ""), on addr (e.g. "127.0.0.1:9477") until ctx
+// ends. The daemon only calls it when given an address: the metrics are
+// read-only and secret-free (peers are named by public key), but a
+// listener is still something an operator should choose to open.
+func (m *Metrics) Serve(ctx context.Context, addr, apiKey string, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("metrics listener %s: %w", addr, err)
 	}
-	return m.ServeListener(ctx, l, log)
+	return m.ServeListenerKey(ctx, l, apiKey, log)
 }
 
-// ServeListener is Serve on a listener the caller opened; it closes l.
+// ServeListener is Serve on a listener the caller opened, without an API
+// key; it closes l.
 func (m *Metrics) ServeListener(ctx context.Context, l net.Listener, log *slog.Logger) error {
+	return m.ServeListenerKey(ctx, l, "", log)
+}
+
+// ServeListenerKey is Serve on a listener the caller opened; it closes l.
+func (m *Metrics) ServeListenerKey(ctx context.Context, l net.Listener, apiKey string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
-	mux.Handle("/v1/portforward", m.PortForwardHandler())
+	pf := m.PortForwardHandler(apiKey)
+	for _, p := range PortPaths {
+		mux.Handle(p, pf)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -391,6 +410,11 @@ type wireGuardCollector struct {
 	handshakeAge *prometheus.Desc
 	peers        *prometheus.Desc
 	livePeers    *prometheus.Desc
+	peerRx       *prometheus.Desc
+	peerTx       *prometheus.Desc
+	peerAge      *prometheus.Desc
+	peerState    *prometheus.Desc
+	byState      *prometheus.Desc
 
 	mu sync.Mutex
 	// devs is the last snapshot, reduced to what the metrics need.
@@ -401,6 +425,13 @@ type wgDevice struct {
 	name      string
 	peers     int
 	livePeers int
+	// own are the peers with series of their own (MaxPeerSeries in all);
+	// other sums the rest, nOther of them.
+	own    []wgPeer
+	other  wgPeer
+	nOther int
+	// states counts the peers by state.
+	states map[string]int
 	// latest is the device's most recent handshake with any peer (zero:
 	// none); when only an age was given, it is derived from it at set time
 	// so the age still grows until the next snapshot.
@@ -412,6 +443,21 @@ func newWireGuardCollector(now func() time.Time) *wireGuardCollector {
 		now: now,
 		// Per device, not per peer: a remote-access server has thousands
 		// of peers, and a label per key would be a series each.
+		peerRx: prometheus.NewDesc(namespace+"_wireguard_peer_receive_bytes_total",
+			fmt.Sprintf("Bytes received from the peer, by device and peer name (the first %d peers by device and name; the rest summed under peer=%q).", MaxPeerSeries, OtherPeers),
+			[]string{"device", "peer"}, nil),
+		peerTx: prometheus.NewDesc(namespace+"_wireguard_peer_transmit_bytes_total",
+			fmt.Sprintf("Bytes sent to the peer, by device and peer name (the first %d peers by device and name; the rest summed under peer=%q).", MaxPeerSeries, OtherPeers),
+			[]string{"device", "peer"}, nil),
+		peerAge: prometheus.NewDesc(namespace+"_wireguard_peer_handshake_age_seconds",
+			fmt.Sprintf("Seconds since the peer's last completed handshake (the first %d peers by device and name); omitted while it has none.", MaxPeerSeries),
+			[]string{"device", "peer"}, nil),
+		peerState: prometheus.NewDesc(namespace+"_wireguard_peer_state",
+			fmt.Sprintf("The peer's state, 1 for the one it is in: live (a handshake younger than 3 minutes), idle, disabled or expired (the first %d peers by device and name).", MaxPeerSeries),
+			[]string{"device", "peer", "state"}, nil),
+		byState: prometheus.NewDesc(namespace+"_wireguard_peers_by_state",
+			"Peers of the device in each state (live, idle, disabled, expired), every peer counted.",
+			[]string{"device", "state"}, nil),
 		handshakeAge: prometheus.NewDesc(namespace+"_wireguard_latest_handshake_age_seconds",
 			"Seconds since the device's most recent completed handshake with any peer (for a PIA tunnel, its server); omitted while none has completed.",
 			[]string{"device"}, nil),
@@ -427,9 +473,15 @@ func newWireGuardCollector(now func() time.Time) *wireGuardCollector {
 func (c *wireGuardCollector) set(devs []api.WireGuardDevice) {
 	now := c.now()
 	snap := make([]wgDevice, 0, len(devs))
+	budget := MaxPeerSeries
 	for _, d := range devs {
-		sd := wgDevice{name: d.Name, peers: len(d.Peers), livePeers: d.LivePeers}
+		sd := wgDevice{name: d.Name, livePeers: d.LivePeers, states: map[string]int{}}
+		budget = sd.addPeers(d.Peers, now, budget)
 		for _, p := range d.Peers {
+			if p.State != "" {
+				continue // held out of the device
+			}
+			sd.peers++
 			var at time.Time
 			switch {
 			case p.LastHandshake != nil && !p.LastHandshake.IsZero():
@@ -455,6 +507,11 @@ func (c *wireGuardCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.handshakeAge
 	ch <- c.peers
 	ch <- c.livePeers
+	ch <- c.peerRx
+	ch <- c.peerTx
+	ch <- c.peerAge
+	ch <- c.peerState
+	ch <- c.byState
 }
 
 // Collect implements prometheus.Collector.
@@ -471,5 +528,6 @@ func (c *wireGuardCollector) Collect(ch chan<- prometheus.Metric) {
 			age := max(now.Sub(d.latest).Seconds(), 0) // a clock step must not export a negative age
 			ch <- prometheus.MustNewConstMetric(c.handshakeAge, prometheus.GaugeValue, age, d.name)
 		}
+		c.collectPeers(ch, d, now)
 	}
 }

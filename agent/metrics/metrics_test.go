@@ -113,12 +113,15 @@ func TestGauges(t *testing.T) {
 	m.SetKillSwitchDrops(41)
 	m.SetKillSwitchDrops(1234)
 	m.SetForwardedPort("wg-pia", 47123)
-	m.SetForwardedPort("wg-old", 1000)
-	m.SetForwardedPort("wg-old", 0) // forwarding lapsed: series gone
+	m.SetForwardedPort("wg-lost", 1000)
+	m.SetForwardedPort("wg-lost", 0) // the port lost: 0, the series kept
+	m.SetForwardedPort("wg-off", 2000)
+	m.ClearForwardedPort("wg-off") // port forwarding turned off: series gone
 
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(`
-# HELP nodeagent_forwarded_port The port the VPN provider forwards to this node, by WireGuard device.
+# HELP nodeagent_forwarded_port The port the VPN provider forwards to this node, by WireGuard device: 0 while port forwarding is on and no port is bound (none yet, or the port lost); no series with port forwarding off.
 # TYPE nodeagent_forwarded_port gauge
+nodeagent_forwarded_port{device="wg-lost"} 0
 nodeagent_forwarded_port{device="wg-pia"} 47123
 # HELP nodeagent_killswitch_drops_total Packets the kill switch dropped, from nodeagent's named nftables counter.
 # TYPE nodeagent_killswitch_drops_total counter
@@ -202,7 +205,7 @@ nodeagent_wireguard_peers{device="wg-gone"} 0
 nodeagent_wireguard_peers{device="wg-pia"} 1
 nodeagent_wireguard_peers{device="wg0"} 3
 `
-	if err := testutil.CollectAndCompare(m.wg, strings.NewReader(want)); err != nil {
+	if err := testutil.CollectAndCompare(m.wg, strings.NewReader(want), "nodeagent_wireguard_live_peers", "nodeagent_wireguard_latest_handshake_age_seconds", "nodeagent_wireguard_peers"); err != nil {
 		t.Error(err)
 	}
 
@@ -235,7 +238,7 @@ nodeagent_wireguard_latest_handshake_age_seconds{device="wg0"} 0
 # HELP nodeagent_wireguard_peers Peers configured on the WireGuard device.
 # TYPE nodeagent_wireguard_peers gauge
 nodeagent_wireguard_peers{device="wg0"} 2
-`)); err != nil {
+`), "nodeagent_wireguard_live_peers", "nodeagent_wireguard_latest_handshake_age_seconds", "nodeagent_wireguard_peers"); err != nil {
 		t.Error(err)
 	}
 
@@ -330,7 +333,7 @@ func TestServe(t *testing.T) {
 }
 
 func TestServeBadAddr(t *testing.T) {
-	err := New().Serve(context.Background(), "127.0.0.1:notaport", nil)
+	err := New().Serve(context.Background(), "127.0.0.1:notaport", "", nil)
 	if err == nil || !strings.Contains(err.Error(), "metrics listener 127.0.0.1:notaport") {
 		t.Errorf("Serve(bad addr) = %v, want a wrapped listen error", err)
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -37,7 +39,10 @@ func exampleWithFiles(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "homelab.yaml")
-	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(string(example), "/etc/nodeagent/", etc)), 0o644); err != nil {
+	// The port hook: one that exists, root's, 0755, in root's directories
+	// and outside the sandbox's hidden trees (dir is under /tmp).
+	text := strings.ReplaceAll(string(example), "/usr/local/sbin/qbittorrent-port", "/usr/bin/true")
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(text, "/etc/nodeagent/", etc)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return cfg
@@ -67,5 +72,54 @@ func TestValidateAsUserHoldsKeysToRoot(t *testing.T) {
 	want := cfg + ":3: wireguard[0].privateKeyFile: " + key + " is owned by uid " + nobody.Uid + ", not root; the daemon, which runs as root, refuses it"
 	if err == nil || !strings.Contains(string(out), want) {
 		t.Fatalf("validate as nobody of a key nobody owns: %v\n%s\nwant %q", err, out, want)
+	}
+}
+
+// TestValidateChecksTheHook: portForward.onChange's command is checked as
+// a key file is, since the daemon runs it as root: a hook under /tmp
+// (which the unit's PrivateTmp hides from the daemon), one writable by its
+// group, and one that does not exist each fail validate, at the line of
+// onChange.
+func TestValidateChecksTheHook(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the hooks are root's files")
+	}
+	dir := t.TempDir()
+	example := exampleWithFiles(t, dir)
+	text, _ := os.ReadFile(example)
+	line := 0
+	for i, l := range strings.Split(string(text), "\n") {
+		if strings.Contains(l, "onChange: [/usr/bin/true") {
+			line = i + 1
+		}
+	}
+	if line == 0 {
+		t.Fatal("no onChange in the example")
+	}
+	// A directory outside the hidden trees for the group-writable and the
+	// missing hook, so each has its one problem.
+	rundir, err := os.MkdirTemp("/run", "nodeagent-hooktest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(rundir) })
+	tmpHook := filepath.Join(dir, "x")
+	os.WriteFile(tmpHook, []byte("#!/bin/sh\n"), 0o755)
+	groupw := filepath.Join(rundir, "groupw")
+	os.WriteFile(groupw, []byte("#!/bin/sh\n"), 0o775)
+	os.Chmod(groupw, 0o775)
+	for _, c := range []struct{ hook, want string }{
+		{tmpHook, tmpHook + " is under /tmp, which nodeagent.service's sandbox hides from the daemon"},
+		{groupw, groupw + " is writable by group or others (mode 0775)"},
+		{filepath.Join(rundir, "missing"), filepath.Join(rundir, "missing") + " does not exist"},
+	} {
+		cfg := filepath.Join(dir, "hook.yaml")
+		os.WriteFile(cfg, []byte(strings.Replace(string(text), "onChange: [/usr/bin/true", "onChange: ["+c.hook, 1)), 0o644)
+		var out, errb bytes.Buffer
+		code := run([]string{"validate", "-c", cfg}, &out, &errb)
+		want := fmt.Sprintf("%s:%d: wireguard[0].pia.portForward.onChange: %s", cfg, line, c.want)
+		if code != 1 || !strings.Contains(errb.String(), want) {
+			t.Errorf("validate with the hook %s: exit %d\n%s\nwant exit 1 and %q", c.hook, code, errb.String(), want)
+		}
 	}
 }

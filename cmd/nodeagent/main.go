@@ -74,7 +74,13 @@ Flags:
       --socket PATH   with run: the local API socket (default %s;
                       env NODEAGENT_SOCKET; "" for none)
       --metrics ADDR  with run: serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9477;
-                      env NODEAGENT_METRICS; default off)
+                      env NODEAGENT_METRICS; default off), and the forwarded port as
+                      gluetun's control server does (GET /v1/portforward and
+                      /v1/openvpn/portforwarded: {"port":N,"ports":[N]})
+      --metrics-api-key-file FILE
+                      with run: the forwarded port's endpoints ask for the key in FILE
+                      (one line; root's, mode 0600) as X-API-Key or Authorization:
+                      Bearer (env NODEAGENT_METRICS_API_KEY_FILE; default none)
       --resync DUR    with run: full resync period (default 30s)
       --log-level LVL debug (full plans), info (changes, at most 20 of a kind
                       listed per sync, the rest counted; default), warn or error;
@@ -110,6 +116,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.String("lock", agent.DefaultLock, "lock file")
 	fs.String("socket", api.DefaultSocket, "local API socket")
 	fs.String("metrics", "", "metrics listen address")
+	fs.String("metrics-api-key-file", "", "the port endpoints' API key file")
 	resync := fs.Duration("resync", agent.DefaultResync, "resync period")
 	fs.String("log-level", "info", "log level")
 	help := fs.BoolP("help", "h", false, "help")
@@ -135,6 +142,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	v.BindPFlag("state_dir", fs.Lookup("state-dir"))
 	v.BindPFlag("socket", fs.Lookup("socket"))
 	v.BindPFlag("metrics", fs.Lookup("metrics"))
+	v.BindPFlag("metrics_api_key_file", fs.Lookup("metrics-api-key-file"))
 	v.BindPFlag("log_level", fs.Lookup("log-level"))
 	v.BindPFlag("lock", fs.Lookup("lock"))
 	opts := agent.Options{Config: v.GetString("config"), TablesFile: v.GetString("rt_tables"), StateDir: v.GetString("state_dir")}
@@ -168,9 +176,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var work func(ctx context.Context) error
 	switch cmd {
 	case "run":
+		logging.RouteKlog(log)
 		work = func(ctx context.Context) error {
 			return runDaemon(ctx, log, agent.RunOptions{
-				Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"),
+				Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"), MetricsAPIKeyFile: v.GetString("metrics_api_key_file"),
 				Resync: *resync, Version: version, TestHooks: os.Getenv("NODEAGENT_TEST_HOOKS") == "1",
 			})
 		}

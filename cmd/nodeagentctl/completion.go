@@ -75,6 +75,17 @@ _nodeagentctl() {
         COMPREPLY=($(compgen -W "30s 2m 5m" -- "$cur"))
         return
         ;;
+    --expires)
+        COMPREPLY=($(compgen -W "1d 7d 30d 90d 365d" -- "$cur"))
+        return
+        ;;
+    --qr-png)
+        COMPREPLY=($(compgen -f -- "$cur"))
+        return
+        ;;
+    --device|--ip|--description|--via)
+        return
+        ;;
     --for)
         COMPREPLY=($(compgen -W "@FOR@" -- "$cur"))
         return
@@ -92,15 +103,28 @@ _nodeagentctl() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         w="${COMP_WORDS[i]}"
         case "$w" in
-        status|plan|reload|peers|port|wait|completion|version|help)
+        status|plan|reload|peers|peer|port|wait|completion|version|help)
             cmd="$w"
             break
             ;;
         esac
     done
+    # peer's action: the word after it.
+    local action=""
+    if [[ "$cmd" == "peer" ]]; then
+        for ((i = i + 1; i < COMP_CWORD; i++)); do
+            case "${COMP_WORDS[i]}" in
+            add|disable|enable|remove) action="${COMP_WORDS[i]}"; break ;;
+            esac
+        done
+    fi
 
     if [[ "$cmd" == "completion" && "$key" == "completion" ]]; then
         COMPREPLY=($(compgen -W "bash zsh" -- "$cur"))
+        return
+    fi
+    if [[ "$cmd" == "peer" && -z "$action" && "$cur" != -* ]]; then
+        COMPREPLY=($(compgen -W "add disable enable remove" -- "$cur"))
         return
     fi
     if [[ "$cur" == -* ]]; then
@@ -109,12 +133,16 @@ _nodeagentctl() {
         case "$cmd" in
         status|peers) flags="$flags --output -o" ;;
         wait) flags="$flags --for --timeout" ;;
+        peer)
+            flags="$flags --device"
+            [[ "$action" == add ]] && flags="$flags --ip --description --expires --full-tunnel --via --qr --qr-png"
+            ;;
         esac
         COMPREPLY=($(compgen -W "$flags" -- "$cur"))
         return
     fi
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "status plan reload peers port wait completion version help" -- "$cur"))
+        COMPREPLY=($(compgen -W "status plan reload peers peer port wait completion version help" -- "$cur"))
     fi
 }
 
@@ -135,7 +163,7 @@ _nodeagentctl_for() {
 
 _nodeagentctl() {
     local curcontext="$curcontext" state line ret=1
-    local -a common output waiting commands
+    local -a common output waiting peeradd commands
     common=(
         '--socket=[the daemon socket]:socket:_files'
         '(- *)'{-h,--help}'[print the usage]'
@@ -148,11 +176,22 @@ _nodeagentctl() {
         '--for=[what to wait for]:condition:->for'
         '--timeout=[give up after]:duration:(30s 2m 5m)'
     )
+    peeradd=(
+        '--device=[the WireGuard device]:device:'
+        '*--ip=[the client address]:address:'
+        '--description=[who or what the client is]:text:'
+        '--expires=[when the client leaves the device]:when:(1d 7d 30d 90d 365d)'
+        '--full-tunnel[send all its traffic into the tunnel]'
+        '--via=[the PIA device its internet leaves by]:device:'
+        '--qr[print the config as a QR code]'
+        '--qr-png=[write the QR code to a new file]:file:_files'
+    )
     commands=(
         'status:show the node state'
         'plan:show what a sync would change'
         'reload:re-read the config (root only)'
         'peers:show WireGuard devices and peers'
+        'peer:add, disable, enable or remove a remote-access client'
         'port:print the port PIA forwards'
         'wait:wait until the node is ready or a condition holds'
         'completion:print a shell completion script'
@@ -173,6 +212,13 @@ _nodeagentctl() {
         status|peers) _arguments -C $common $output && ret=0 ;;
         wait) _arguments -C $common $waiting && ret=0 ;;
         completion) _arguments -C $common '1:shell:(bash zsh)' && ret=0 ;;
+        peer)
+            case $words[2] in
+            add) _arguments -C $common $peeradd '2:name:' && ret=0 ;;
+            disable|enable|remove) _arguments -C $common '--device=[the WireGuard device]:device:' '2:name:' && ret=0 ;;
+            *) _arguments -C $common '1:action:(add disable enable remove)' && ret=0 ;;
+            esac
+            ;;
         *) _arguments -C $common && ret=0 ;;
         esac
         [[ $state == for ]] && _nodeagentctl_for && ret=0

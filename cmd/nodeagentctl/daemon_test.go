@@ -85,7 +85,7 @@ func hog(socket string, n int) {
 // nogroup), until stop is called or the test ends.
 func testDaemon(t *testing.T, node *testenv.NetNS, cfg, socket, version string) (*agent.Daemon, func()) {
 	t.Helper()
-	d, err := agent.NewDaemon(agent.RunOptions{
+	return runDaemon(t, agent.RunOptions{
 		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(filepath.Dir(cfg), "rt.conf")},
 		Socket:  socket, SocketGroup: "nogroup", Host: node.Host, Resync: time.Hour, Version: version,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -93,6 +93,12 @@ func testDaemon(t *testing.T, node *testenv.NetNS, cfg, socket, version string) 
 		// does not depend on it.
 		Hazards: hazard.Paths{Root: t.TempDir()}, HazardSystem: &hazard.System{},
 	})
+}
+
+// runDaemon runs a daemon with o until stop is called or the test ends.
+func runDaemon(t *testing.T, o agent.RunOptions) (*agent.Daemon, func()) {
+	t.Helper()
+	d, err := agent.NewDaemon(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,9 +52,26 @@ Usage:
   nodeagentctl plan                     what a sync would change now (+ add, ~ change, - remove, ! cannot)
   nodeagentctl reload                   re-read the config (root only); a rejected config is not applied
                                         and the running one stays
-  nodeagentctl peers [-o table|json]    WireGuard devices and their peers
+  nodeagentctl peers [-o table|json]    WireGuard devices and their peers: state (live, idle, disabled,
+                                        expired), last handshake, bytes received and sent, as of now
+  nodeagentctl peer add NAME [--device DEV] [--ip ADDR]... [--description TEXT] [--expires WHEN]
+                   [--full-tunnel [--via PIADEV]] [--qr] [--qr-png FILE]
+                                        add a remote-access client: the next free address of the
+                                        device's subnets (or --ip), a key pair made here (the private
+                                        key is printed, never sent to the daemon nor stored on the
+                                        node), its peer file written into peersDir; once the daemon
+                                        has applied it, print the client's wg-quick config, with --qr
+                                        as a QR code the WireGuard apps scan, and with --qr-png FILE
+                                        (created, mode 0600) as a PNG. WHEN: 30d, 12h, ... or RFC 3339
+  nodeagentctl peer disable|enable|remove NAME [--device DEV]
+                                        take a client out of its device keeping its file (disable),
+                                        put it back (enable), or delete its file (remove); each returns
+                                        once the device is so
   nodeagentctl port [DEVICE]            the port PIA forwards to DEVICE (or the only PIA device): the
-                                        number alone, for scripts; exit 1 when there is none
+                                        number alone, for scripts; exit 1 when there is none (none bound
+                                        yet, or lost after 15 minutes without a good bind)
+  nodeagentctl port --retry [DEVICE]    run DEVICE's portForward.onChange now (every PIA device's
+                                        without DEVICE), also after credentials were refused (root only)
   nodeagentctl wait [--for=COND] [--timeout=DUR]
                                         poll every 250ms until COND holds; COND is ready (the default:
                                         converged with nothing failed, as READY=1; a degraded node is
@@ -71,6 +88,19 @@ Flags (accepted before or after the command):
   -o, --output FORMAT   with status and peers: table (default) or json (the API's JSON)
       --for COND        with wait: what to wait for (default ready)
       --timeout DUR     with wait: give up after DUR, e.g. 90s or 2m (default 5m; must be > 0)
+      --retry           with port: run the port hook now rather than print the port
+      --device DEV      with peer: the WireGuard device (default: the only one with clients)
+      --ip ADDR         with peer add: the client's address instead of the next free one (once per
+                        family; a comma-separated list is taken too)
+      --description T   with peer add: who or what the client is, kept in its peer file
+      --expires WHEN    with peer add: the client leaves the device then (30d, 2w, 12h, or
+                        2027-01-31T18:00:00Z); it stays listed as expired
+      --full-tunnel     with peer add: the client sends all its traffic (0.0.0.0/0, ::/0) into
+                        the tunnel, not only clients.allowedIPs
+      --via PIADEV      with peer add --full-tunnel: the client's internet leaves by that PIA
+                        tunnel under its kill switch (an address from clients.egress's pool)
+      --qr              with peer add: also print the config as a QR code
+      --qr-png FILE     with peer add: also write the QR code to FILE (a new file, mode 0600)
       --version         print the version
   -h, --help            this help
 
@@ -90,8 +120,11 @@ Exit status:
   wait        0 COND holds, 1 timed out, interrupted or refused (a 4xx reply); an unreachable
               daemon is waited for, not reported
   plan, peers 0 success, 1 failure (plan: something could not be planned), 2 daemon unreachable
-  port        0 printed, 1 no port (yet) or no such device, 2 daemon unreachable or several devices
+  port        0 printed, 1 no port (yet, or lost) or no such device, 2 daemon unreachable or several devices;
+              with --retry 0 the hook runs, 1 refused (not root, no hook, no port yet), 2 unreachable
   reload      0 reloaded, 1 config rejected or reload refused (not root), 2 daemon unreachable
+  peer        0 done (applied), 1 refused (a name in use, a full subnet, no clients.endpoint, no
+              such peer) or not applied in time (nothing is left written), 2 daemon unreachable
   any         2 usage error
 `
 
@@ -122,12 +155,13 @@ var commands = map[string]struct {
 	// optional: up to args arguments.
 	optional bool
 }{
-	"port":       {nil, 1, true},
+	"port":       {[]string{"retry"}, 1, true},
 	"status":     {[]string{"output"}, 0, false},
 	"plan":       {nil, 0, false},
 	"reload":     {nil, 0, false},
 	"peers":      {[]string{"output"}, 0, false},
 	"wait":       {[]string{"for", "timeout"}, 0, false},
+	"peer":       {[]string{"device", "ip", "description", "expires", "full-tunnel", "via", "qr", "qr-png"}, 2, false},
 	"completion": {nil, 1, false},
 	"version":    {nil, 0, false},
 	"help":       {nil, 0, false},
@@ -139,8 +173,10 @@ type options struct {
 	output  string
 	forCond string
 	timeout time.Duration
+	retry   bool
 	help    bool
 	version bool
+	peer    peerOptions
 }
 
 func newFlagSet(o *options) *pflag.FlagSet {
@@ -150,6 +186,15 @@ func newFlagSet(o *options) *pflag.FlagSet {
 	fs.StringVarP(&o.output, "output", "o", "table", "table or json")
 	fs.StringVar(&o.forCond, "for", "ready", "what wait waits for")
 	fs.DurationVar(&o.timeout, "timeout", defaultTimeout, "how long wait waits")
+	fs.BoolVar(&o.retry, "retry", false, "run the port hook now")
+	fs.StringVar(&o.peer.device, "device", "", "the WireGuard device")
+	fs.StringSliceVar(&o.peer.ips, "ip", nil, "the client's addresses")
+	fs.StringVar(&o.peer.description, "description", "", "the client's description")
+	fs.StringVar(&o.peer.expires, "expires", "", "when the client leaves the device")
+	fs.BoolVar(&o.peer.fullTunnel, "full-tunnel", false, "all the client's traffic into the tunnel")
+	fs.StringVar(&o.peer.via, "via", "", "the PIA device the client's internet leaves by")
+	fs.BoolVar(&o.peer.qr, "qr", false, "print a QR code")
+	fs.StringVar(&o.peer.qrPNG, "qr-png", "", "write a QR code PNG")
 	fs.BoolVarP(&o.help, "help", "h", false, "help")
 	fs.BoolVar(&o.version, "version", false, "print the version")
 	return fs
@@ -227,7 +272,12 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		return c.reload(ctx, client)
 	case "peers":
 		return c.peers(ctx, client, o.output)
+	case "peer":
+		return c.peer(ctx, client, rest[0], rest[1], o.peer, fs)
 	case "port":
+		if o.retry {
+			return c.portRetry(ctx, client, rest)
+		}
 		return c.port(ctx, client, rest)
 	case "wait":
 		target, err := parseFor(o.forCond)
@@ -396,6 +446,9 @@ func (c *cli) port(ctx context.Context, client *api.Client, args []string) int {
 		return exitUsage
 	case found[0].ForwardedPort == 0:
 		why := "none forwarded yet"
+		if l := found[0].PortLost; l != nil {
+			why = fmt.Sprintf("port %d lost since %s (no good bind for 15 minutes; closed until one is bound again)", l.Port, l.Since.UTC().Format(time.RFC3339))
+		}
 		if found[0].PortError != "" {
 			why += ": " + clean(found[0].PortError)
 		}
@@ -403,6 +456,29 @@ func (c *cli) port(ctx context.Context, client *api.Client, args []string) int {
 		return exitFailure
 	}
 	fmt.Fprintln(c.stdout, found[0].ForwardedPort)
+	return exitOK
+}
+
+// portRetry asks the daemon to run a device's port hook now.
+func (c *cli) portRetry(ctx context.Context, client *api.Client, args []string) int {
+	dev := ""
+	if len(args) > 0 {
+		dev = args[0]
+	}
+	r, err := client.RetryPortHook(ctx, dev)
+	if err != nil {
+		var he *api.HTTPError
+		if errors.As(err, &he) && he.Code == http.StatusConflict {
+			// The daemon's reason is in the body, which do turned into
+			// the error's message.
+			fmt.Fprintf(c.stderr, "nodeagentctl: port --retry: %s\n", clean(he.Message))
+			return exitFailure
+		}
+		return c.fail("port --retry", err)
+	}
+	for _, d := range r.Devices {
+		fmt.Fprintf(c.stdout, "%s: port hook runs now (nodeagentctl status shows how it went)\n", clean(d))
+	}
 	return exitOK
 }
 

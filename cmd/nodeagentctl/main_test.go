@@ -98,6 +98,11 @@ type fake struct {
 	reloadCode int
 	reload     any
 	peers      []api.WireGuardDevice
+	// retryCode and retry are POST /v1/port/retry's reply; retried the
+	// devices asked for.
+	retryCode int
+	retry     any
+	retried   []string
 }
 
 func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -114,6 +119,9 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code, body = f.reloadCode, f.reload
 	case "GET /v1/peers":
 		body = f.peers
+	case "POST /v1/port/retry":
+		f.retried = append(f.retried, r.URL.Query().Get("device"))
+		code, body = f.retryCode, f.retry
 	default:
 		code, body = http.StatusNotFound, api.Error{Error: "no such endpoint"}
 	}
@@ -196,8 +204,8 @@ func TestStatus(t *testing.T) {
 			"  Converged     True    Synced     1h59m  3 changes",
 			"  ConfigLoaded  True    -          2h0m",
 			"  wg0 (kernel), public key SRVpubKeyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, listening on 51820, 1/2 peers live",
-			"    laptop       203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32",
-			"    PHNpubKeyC…  -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128",
+			"    laptop       live   203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32",
+			"    PHNpubKeyC…  idle   -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128",
 		}},
 		{"degraded", degradedStatus, 1, []string{
 			"      State: ready, degraded (SafeApply=False)",
@@ -288,9 +296,9 @@ Subsystems:
 
 WireGuard:
   wg0 (kernel), public key SRVpubKeyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, listening on 51820, 1/2 peers live
-    PEER         ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
-    laptop       203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
-    PHNpubKeyC…  -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
+    PEER         STATE  ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
+    laptop       live   203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
+    PHNpubKeyC…  idle   -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
 
   wg-pia (absent), 0/0 peers live
     problem: pia: login failed: HTTP 401
@@ -501,9 +509,9 @@ func TestPeers(t *testing.T) {
 	sock := daemon(t, &fake{peers: devs})
 	r := run(t, nil, "peers", "--socket", sock)
 	want := `wg0 (kernel), public key SRVpubKeyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=, listening on 51820, 1/2 peers live
-  PEER         ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
-  laptop       203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
-  PHNpubKeyC…  -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
+  PEER         STATE  ENDPOINT           HANDSHAKE  RX        TX        ALLOWED IPS
+  laptop       live   203.0.113.5:51234  12s ago    1.50 KiB  3.00 MiB  10.90.0.2/32
+  PHNpubKeyC…  idle   -                  never      0 B       0 B       10.90.0.3/32,fd90::3/128
 `
 	if d := cmp.Diff(result{0, want, ""}, r, cmp.AllowUnexported(result{})); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
@@ -725,7 +733,11 @@ func TestBashCompletion(t *testing.T) {
 		words []string // the last is the word being completed
 		want  string
 	}{
-		{[]string{""}, "status plan reload peers port wait completion version help"},
+		{[]string{""}, "status plan reload peers peer port wait completion version help"},
+		{[]string{"peer", ""}, "add disable enable remove"},
+		{[]string{"peer", "add", "phone", "--"}, "--socket --help --device --ip --description --expires --full-tunnel --via --qr --qr-png"},
+		{[]string{"peer", "disable", "phone", "--"}, "--socket --help --device"},
+		{[]string{"peer", "add", "phone", "--expires", ""}, "1d 7d 30d 90d 365d"},
 		{[]string{"--v"}, "--version"},
 		{[]string{"st"}, "status"},
 		{[]string{"status", "-o", ""}, "table json"},
@@ -839,5 +851,43 @@ func TestPort(t *testing.T) {
 	}
 	if r := run(t, nil, "port", "a", "b"); r.code != exitUsage {
 		t.Errorf("two arguments: %+v", r)
+	}
+	lost := &api.Status{PIA: []api.PIATunnel{{Device: "wg-pia", PortLost: &api.PortLost{Port: 47047, Since: now}}}}
+	if r := run(t, nil, "port", "--socket", daemon(t, &fake{status: always(lost)})); r.code != 1 || !strings.Contains(r.stderr, "port 47047 lost since 2026-12-01T09:00:00Z") {
+		t.Errorf("a lost port: %+v", r)
+	}
+}
+
+// TestPortRetry: port --retry asks the daemon to run the hook now (of the
+// device named, or of all), prints which, and says why it could not.
+func TestPortRetry(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		args   []string
+		code   int
+		reply  any
+		exit   int
+		stdout string
+		stderr string
+		asked  string
+	}{
+		{"all", nil, 200, api.PortRetry{Devices: []string{"wg-pia"}}, 0, "wg-pia: port hook runs now (nodeagentctl status shows how it went)\n", "", ""},
+		{"named", []string{"wg-pia"}, 200, api.PortRetry{Devices: []string{"wg-pia"}}, 0, "wg-pia: port hook runs now (nodeagentctl status shows how it went)\n", "", "wg-pia"},
+		{"no hook", []string{"wg-pia"}, 409, api.PortRetry{Error: "wg-pia: no portForward.onChange to run"}, 1, "", "nodeagentctl: port --retry: wg-pia: no portForward.onChange to run\n", "wg-pia"},
+		{"not root", nil, 403, api.Error{Error: "port/retry needs root"}, 1, "", "port/retry needs root", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fake{retryCode: tt.code, retry: tt.reply}
+			r := run(t, nil, append([]string{"port", "--retry", "--socket", daemon(t, f)}, tt.args...)...)
+			if r.code != tt.exit || r.stdout != tt.stdout || !strings.Contains(r.stderr, tt.stderr) {
+				t.Errorf("got %+v, want exit %d, stdout %q, stderr containing %q", r, tt.exit, tt.stdout, tt.stderr)
+			}
+			if len(f.retried) != 1 || f.retried[0] != tt.asked {
+				t.Errorf("the daemon was asked for %q, want [%q]", f.retried, tt.asked)
+			}
+		})
+	}
+	if r := run(t, nil, "status", "--retry"); r.code != exitUsage {
+		t.Errorf("--retry with status: %+v", r)
 	}
 }

@@ -66,6 +66,22 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 	for _, t := range s.PIA {
 		renderPIA(&b, t, now)
 	}
+	if g := s.Gateway; g != nil {
+		fmt.Fprintf(&b, "\nGateway role %s:\n", clean(g.Role))
+		holder := clean(g.Holder)
+		if holder == "" {
+			holder = "none"
+		}
+		lease := "read within its duration"
+		if !g.LeaseOK {
+			lease = "NOT read within its duration (the API server?)"
+		}
+		fmt.Fprintf(&b, "  state %s since %s; Lease holder %s, %s; %d transitions", clean(g.State), stamp(g.Since, now), holder, lease, g.Transitions)
+		if g.TookOverSeconds > 0 {
+			fmt.Fprintf(&b, "; last take-over took %s", millis(g.TookOverSeconds*1000))
+		}
+		fmt.Fprintf(&b, "\n  %s\n", clean(g.Reason))
+	}
 
 	for _, objs := range []struct {
 		title string
@@ -138,6 +154,12 @@ func renderPIA(b *strings.Builder, t api.PIATunnel, now time.Time) {
 	if t.ForwardedPort != 0 {
 		field("forwarded port", "%d, bound %s, signature until %s", t.ForwardedPort, opt(t.LastBind), opt(t.PortExpires))
 	}
+	if l := t.PortLost; l != nil {
+		at := l.Since
+		field("forwarded port", "lost: %d since %s (last good bind %s); no DNAT, file or metric until a port is bound again", l.Port, opt(&at), opt(t.LastBind))
+	} else if t.PortTroubleSince != nil && t.ForwardedPort != 0 {
+		field("port trouble", "not kept bound since %s (lost after 15 minutes of it)", opt(t.PortTroubleSince))
+	}
 	if t.PortError != "" {
 		field("port error", "%s", clean(t.PortError))
 	}
@@ -170,6 +192,10 @@ func renderPortHook(field func(label, format string, args ...any), opt func(*tim
 		state = fmt.Sprintf("delivered port %d", h.Port)
 	case h.Running:
 		state = "running"
+	case h.Held:
+		state = fmt.Sprintf("credentials refused %d times in a row: not run again until fixed and `nodeagentctl port --retry`", h.Refused)
+	case h.Refused > 0:
+		state = "credentials refused"
 	case h.Attempts > 0:
 		state = "failing"
 	default:
@@ -180,7 +206,11 @@ func renderPortHook(field func(label, format string, args ...any), opt func(*tim
 	}
 	field("port hook", "%s", state)
 	if h.LastRun != nil {
-		field("hook last run", "%s, %s", opt(h.LastRun), dash(h.LastExit))
+		took := ""
+		if h.LastTookSeconds != nil {
+			took = fmt.Sprintf(", took %.1fs", *h.LastTookSeconds)
+		}
+		field("hook last run", "%s, %s%s", opt(h.LastRun), dash(h.LastExit), took)
 	}
 	if h.LastError != "" {
 		field("hook error", "%s", clean(h.LastError))
@@ -263,17 +293,38 @@ func renderDevices(b *strings.Builder, devs []api.WireGuardDevice, now time.Time
 			continue
 		}
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "%s  PEER\tENDPOINT\tHANDSHAKE\tRX\tTX\tALLOWED IPS\n", indent)
+		fmt.Fprintf(tw, "%s  PEER\tSTATE\tENDPOINT\tHANDSHAKE\tRX\tTX\tALLOWED IPS\n", indent)
 		for _, p := range d.Peers {
 			name := clean(p.Name)
 			if name == "" {
 				name = shortKey(p.PublicKey)
 			}
-			fmt.Fprintf(tw, "%s  %s\t%s\t%s\t%s\t%s\t%s\n", indent, name, dash(p.Endpoint), handshake(p, now),
+			fmt.Fprintf(tw, "%s  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", indent, name, peerState(p, now), dash(p.Endpoint), handshake(p, now),
 				humanBytes(p.RxBytes), humanBytes(p.TxBytes), dash(strings.Join(p.AllowedIPs, ",")))
 		}
 		tw.Flush()
 	}
+}
+
+// peerState is a peer's state for the table: live (a handshake in the
+// last 3 minutes) or idle while it is in the device, with its expiry;
+// disabled, or expired and since when, while its file keeps it out.
+func peerState(p api.WireGuardPeer, now time.Time) string {
+	var s string
+	switch {
+	case p.State == "expired" && p.Expires != nil:
+		return "expired " + ago(*p.Expires, now)
+	case p.State != "":
+		return clean(p.State)
+	case p.Live:
+		s = "live"
+	default:
+		s = "idle"
+	}
+	if p.Expires != nil {
+		s += ", expires in " + compact(p.Expires.Sub(now))
+	}
+	return s
 }
 
 // handshake is a peer's last handshake as an age, or "never".

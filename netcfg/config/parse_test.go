@@ -380,7 +380,10 @@ func TestExampleHomelab(t *testing.T) {
 	if len(c.WireGuard) != 2 || c.WireGuard[0].PIA == nil || !c.WireGuard[0].PIA.PortForward.Enabled || c.WireGuard[1].ListenPort != 51820 {
 		t.Errorf("WireGuard = %+v", c.WireGuard)
 	}
-	wantRules := []Rule{{Priority: 1000, From: "10.10.50.0/24", Table: 150, Action: "table"}}
+	wantRules := []Rule{{Priority: 1000, From: "10.10.50.0/24", Table: 150, Action: "table"}, {Priority: 1002, From: "10.90.0.128/25", Table: 150, Action: "table"}}
+	if cl := c.WireGuard[1].Clients; cl == nil || cl.Endpoint == "" || len(cl.Egress) != 1 {
+		t.Errorf("wg0 clients = %+v", cl)
+	}
 	if diff := cmp.Diff(wantRules, c.Routing.Rules); diff != "" {
 		t.Errorf("rules (-want +got):\n%s", diff)
 	}

@@ -35,6 +35,9 @@ type Config struct {
 	// Checks are the probes reported as conditions and run around every
 	// change (safe apply).
 	Checks Checks `yaml:"checks"`
+	// Gateway is a role one node of several holds at a time, elected by a
+	// Kubernetes Lease and fenced on the wire. Default: none.
+	Gateway *Gateway `yaml:"gateway"`
 
 	// File is the path the config was read from; it prefixes every error.
 	File string `yaml:"-"`
@@ -176,6 +179,58 @@ type WireGuard struct {
 	Peers []WGPeer `yaml:"peers"`
 	// PIA makes the device a Private Internet Access tunnel. Default: none.
 	PIA *PIA `yaml:"pia"`
+	// Clients is what `nodeagentctl peer add` writes into the clients'
+	// wg-quick configs: where they dial, what they route
+	// into the tunnel, their DNS, and the pools whose internet leaves by
+	// another device. Needs addresses and peersDir. Default: none, and
+	// peer add refuses the device.
+	Clients *Clients `yaml:"clients"`
+}
+
+// Clients is a remote-access device's clients, as `nodeagentctl peer
+// add` makes them.
+type Clients struct {
+	// Endpoint is the address clients dial (required): host:port, the
+	// name or address the router forwards to this device's listenPort,
+	// like vpn.example.org:51820.
+	Endpoint string `yaml:"endpoint"`
+	// AllowedIPs are the prefixes a client sends into the tunnel unless it
+	// is added with --full-tunnel (0.0.0.0/0, ::/0): the LAN behind the
+	// node, like [10.90.0.0/24, 192.168.2.0/24]. Default: the device's own
+	// subnets.
+	AllowedIPs []string `yaml:"allowedIPs"`
+	// DNS are the resolvers a client uses while the tunnel is up (its
+	// wg-quick DNS line), addresses. Default: none, the client keeps its
+	// own.
+	DNS []string `yaml:"dns"`
+	// PersistentKeepalive is the client's keepalive towards the node in
+	// seconds, 0-65535 (0: off), which keeps a phone behind NAT reachable.
+	// Default: 25.
+	PersistentKeepalive *int `yaml:"persistentKeepalive"`
+	// Egress are pools of the device's subnet whose clients' internet
+	// leaves by another device (a PIA tunnel) under its kill switch:
+	// `peer add --full-tunnel --via DEVICE` takes an address from the
+	// pool. The config must route the pool as it routes a VLAN through
+	// the tunnel (a rule from it to a killSwitch table with a default
+	// route by via, a firewall.killSwitch for it allowing out via, a
+	// masquerade out via); other clients never get an address in a pool.
+	// Default: none.
+	Egress []ClientEgress `yaml:"egress"`
+}
+
+// ClientEgress is a pool of a remote-access device's clients whose
+// internet leaves by another device.
+type ClientEgress struct {
+	// Via is the device the pool's internet leaves by (required): a PIA
+	// device of this config.
+	Via string `yaml:"via"`
+	// Pool is the IPv4 prefix of the pool (required), host bits zero,
+	// inside one of the device's subnets; pools do not overlap. Its
+	// clients get no IPv6 address (PIA carries IPv4 only).
+	Pool string `yaml:"pool"`
+	// DNS, when set, replaces clients.dns for the pool's clients (PIA's
+	// resolvers are reached through pia.dns.for). Default: clients.dns.
+	DNS []string `yaml:"dns"`
 }
 
 // WGPeer is one WireGuard peer, listed in a device's peers or read from a
@@ -206,6 +261,15 @@ type WGPeer struct {
 	// PersistentKeepalive is the interval of keepalive packets in seconds,
 	// 0-65535, for a peer behind NAT. Default: 0, off.
 	PersistentKeepalive int `yaml:"persistentKeepalive"`
+	// Disabled keeps the peer out of the device while it stays written
+	// (`nodeagentctl peer disable`); status and `nodeagentctl peers` list
+	// it as disabled. Default: false.
+	Disabled bool `yaml:"disabled"`
+	// Expires is when the peer leaves the device, RFC 3339
+	// (2027-01-31T18:00:00Z): from then on it is kept out, as a disabled
+	// peer is, through every resync and restart, and listed as expired
+	// (`nodeagentctl peer add --expires 30d` writes it). Default: never.
+	Expires string `yaml:"expires"`
 }
 
 // PIA configures the Private Internet Access provider for a tunnel: the
@@ -265,15 +329,22 @@ type PortForward struct {
 	// number.
 	ToPort int `yaml:"toPort"`
 	// OnChange is a command (argv, no shell; the first word an absolute
-	// path) that delivers the port: run for each new bound port, and when
-	// the port is lost, until it exits 0, retried after 5 s doubling to
-	// 5 min, and again every every with the current port. Its environment
-	// is only PATH, LC_ALL=C.UTF-8, NODEAGENT_PIA_DEVICE,
-	// NODEAGENT_PIA_PORT (the port; 0 once lost),
-	// NODEAGENT_PIA_PREVIOUS_PORT and NODEAGENT_PIA_PORT_LOST (1 or 0);
-	// it runs in its own process group, killed whole at hookTimeout; the
-	// first 4 KiB of its output are logged. The PortDelivered condition
-	// says whether it took the current port. Default: none.
+	// path to a file root owns, executable and not writable by group or
+	// others, outside /home, /root, /tmp and /var/tmp, which the unit's
+	// sandbox hides) that delivers the port: run for each new bound port,
+	// and when the port is lost (no good bind for 15 min), until it exits
+	// 0, retried after 5 s doubling to 5 min, and again every every with
+	// the current port. Exit 77 says the client refused its credentials
+	// or banned the node: the next attempt is 15 min later at the
+	// earliest, and after 3 in a row none until `nodeagentctl port
+	// --retry` or a reload. Its environment is only PATH,
+	// LC_ALL=C.UTF-8, NODEAGENT_PIA_DEVICE, NODEAGENT_PIA_PORT (the port;
+	// 0 once lost), NODEAGENT_PIA_PREVIOUS_PORT and
+	// NODEAGENT_PIA_PORT_LOST (1 or 0); it runs in its own process group,
+	// killed whole at hookTimeout and when the daemon stops; the first 4
+	// KiB of its output are logged. The PortDelivered condition says
+	// whether it took the current port. The package ships
+	// qbittorrent-port and transmission-port. Default: none.
 	OnChange []string `yaml:"onChange"`
 	// Every is how often onChange runs again after a success, with the
 	// current port, so a client that lost it is put right: 5s-24h, or 0
@@ -470,6 +541,10 @@ type KillSwitch struct {
 	// AllowOut are the interfaces the traffic may leave by (required, at
 	// least one), such as the tunnel.
 	AllowOut []string `yaml:"allowOut"`
+	// AllowTo are destination prefixes the traffic may reach by any
+	// interface: the LAN behind the node, for remote-access clients whose
+	// internet leaves by the tunnel. Host bits zero. Default: none.
+	AllowTo []string `yaml:"allowTo"`
 }
 
 // Kubernetes configures Node labelling.

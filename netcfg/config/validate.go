@@ -213,9 +213,12 @@ func (v *validator) validate(c *Config) {
 	v.routing(c.Routing)
 	v.piaRouting(c)
 	v.firewall(c.Firewall)
+	v.killSwitchTo(c.Firewall)
+	v.clients(c)
 	v.kubernetes(c)
 	v.adoptLabels(c.Kubernetes)
 	v.checks(c.Checks)
+	v.gateway(c, links, seenAddrs)
 }
 
 // links indexes the declared links by name and reports duplicate names.
@@ -575,6 +578,7 @@ func (v *validator) peer(p string, peer WGPeer, seen peerSeen) {
 		}
 	}
 	v.intRange(fieldPath(p, "persistentKeepalive"), peer.PersistentKeepalive, 0, 65535)
+	v.peerLife(p, peer)
 }
 
 // Reserved routing tables (rt_tables): they exist in every kernel, so rules

@@ -179,6 +179,10 @@ type Forward struct {
 type KillSwitch struct {
 	From     netip.Prefix
 	AllowOut []string
+	// AllowTo are destinations From may reach by any interface (the LAN
+	// behind the node, for remote-access clients whose internet leaves by
+	// the tunnel); those of From's family count.
+	AllowTo []netip.Prefix
 }
 
 // PortForward sends TCP and UDP for Port arriving on In to To:ToPort, and
@@ -230,7 +234,7 @@ func (d Desired) Equal(e Desired) bool {
 			return a.To == b.To && slices.Equal(a.From, b.From) && slices.Equal(a.In, b.In)
 		}) &&
 		slices.EqualFunc(d.KillSwitch, e.KillSwitch, func(a, b KillSwitch) bool {
-			return a.From == b.From && slices.Equal(a.AllowOut, b.AllowOut)
+			return a.From == b.From && slices.Equal(a.AllowOut, b.AllowOut) && slices.Equal(a.AllowTo, b.AllowTo)
 		})
 }
 
@@ -310,18 +314,33 @@ func (d Desired) Tables() []Table {
 func (d Desired) build() *builder {
 	b := &builder{t: Table{Family: nftables.TableFamilyINet, Name: TableName}}
 
-	// Kill switch, grouped by allowOut list.
+	// Kill switch, grouped by allowOut list (and allowTo, where one is
+	// given: a group without one is named as before it existed).
 	type ksGroup struct {
-		out    []string
-		v4, v6 []netip.Prefix
+		out      []string
+		v4, v6   []netip.Prefix
+		to4, to6 []netip.Prefix
 	}
 	ks := map[string]*ksGroup{}
 	for _, k := range d.KillSwitch {
 		out := sortedUnique(k.AllowOut)
 		key := strings.Join(out, "\x00")
+		var to4, to6 []netip.Prefix
+		for _, p := range k.AllowTo {
+			if p.Addr().Is4() {
+				to4 = append(to4, p.Masked())
+			} else {
+				to6 = append(to6, p.Masked())
+			}
+		}
+		slices.SortFunc(to4, comparePrefix)
+		slices.SortFunc(to6, comparePrefix)
+		for _, p := range slices.Concat(to4, to6) {
+			key += "\x00to\x00" + p.String()
+		}
 		g := ks[key]
 		if g == nil {
-			g = &ksGroup{out: out}
+			g = &ksGroup{out: out, to4: to4, to6: to6}
 			ks[key] = g
 		}
 		if k.From.Addr().Is4() {
@@ -342,14 +361,21 @@ func (d Desired) build() *builder {
 		for _, fam := range []struct {
 			suffix string
 			pfx    []netip.Prefix
+			to     []netip.Prefix
 			v6     bool
-		}{{"_v4", g.v4, false}, {"_v6", g.v6, true}} {
+		}{{"_v4", g.v4, g.to4, false}, {"_v6", g.v6, g.to6, true}} {
 			if len(fam.pfx) == 0 {
 				continue
 			}
 			src := b.prefixSet(base+fam.suffix, fam.v6, fam.pfx)
 			drop := []expr.Any{&expr.Objref{Type: unix.NFT_OBJECT_COUNTER, Name: KillSwitchCounter}, &expr.Verdict{Kind: expr.VerdictDrop}}
-			fwd = append(fwd, rule(KillSwitchComment, saddrInSet(fam.v6, src), oifnameInSet(out, true), drop))
+			var notTo []expr.Any
+			if len(fam.to) > 0 {
+				// The LAN is reached directly; everything else only by
+				// allowOut.
+				notTo = daddrInSet(fam.v6, b.prefixSet(base+fam.suffix+"_to", fam.v6, fam.to), true)
+			}
+			fwd = append(fwd, rule(KillSwitchComment, saddrInSet(fam.v6, src), notTo, oifnameInSet(out, true), drop))
 			// An ICMP error the node itself sends about these sources'
 			// flows (a reply it could not deliver to a pod, a forwarded
 			// port whose pod is gone) quotes the flow's header; by the
@@ -875,4 +901,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// comparePrefix orders prefixes by address, then length.
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
 }

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ func gateway() Desired {
 	pfx := netip.MustParsePrefix
 	return Desired{
 		Masquerade: []Masquerade{{pfx("10.10.50.0/24"), "wg-pia"}, {pfx("10.90.0.0/24"), "enp1s0"}},
-		KillSwitch: []KillSwitch{{pfx("10.10.50.0/24"), []string{"wg-pia"}}, {pfx("fd00:50::/64"), []string{"wg-pia"}}},
+		KillSwitch: []KillSwitch{{From: pfx("10.10.50.0/24"), AllowOut: []string{"wg-pia"}}, {From: pfx("fd00:50::/64"), AllowOut: []string{"wg-pia"}}},
 		MSSClamp:   []string{"wg-pia"},
 	}
 }
@@ -152,7 +153,7 @@ func TestMakePlan(t *testing.T) {
 		}), "- nft inet nodeagent chain forward: [xt 0x0102]\n"},
 		{"config change: one more source", func() Desired {
 			d := gateway()
-			d.KillSwitch = append(d.KillSwitch, KillSwitch{pfx("10.10.51.0/24"), []string{"wg-pia"}})
+			d.KillSwitch = append(d.KillSwitch, KillSwitch{From: pfx("10.10.51.0/24"), AllowOut: []string{"wg-pia"}})
 			return d
 		}(), observed(d, nil),
 			"- nft inet nodeagent set ks_wg-pia_v4: element 10.10.50.0/24\n+ nft inet nodeagent set ks_wg-pia_v4: element 10.10.50.0/23\n"},
@@ -231,11 +232,11 @@ func TestSetElements(t *testing.T) {
 func TestKillSwitchGroups(t *testing.T) {
 	pfx := netip.MustParsePrefix
 	d := Desired{KillSwitch: []KillSwitch{
-		{pfx("10.10.50.0/24"), []string{"wg-pia", "wg1"}},
-		{pfx("10.10.51.0/24"), []string{"wg1", "wg-pia"}}, // same list, other order: same group
-		{pfx("10.10.52.0/24"), []string{"wg-pia"}},
-		{pfx("10.10.53.0/24"), []string{"a_b", "c"}}, // the same name as [a, b_c] after joining: hashed
-		{pfx("10.10.54.0/24"), []string{"a", "b_c"}},
+		{From: pfx("10.10.50.0/24"), AllowOut: []string{"wg-pia", "wg1"}},
+		{From: pfx("10.10.51.0/24"), AllowOut: []string{"wg1", "wg-pia"}}, // same list, other order: same group
+		{From: pfx("10.10.52.0/24"), AllowOut: []string{"wg-pia"}},
+		{From: pfx("10.10.53.0/24"), AllowOut: []string{"a_b", "c"}}, // the same name as [a, b_c] after joining: hashed
+		{From: pfx("10.10.54.0/24"), AllowOut: []string{"a", "b_c"}},
 	}}
 	var got []string
 	for _, s := range d.Tables()[0].Sets {
@@ -267,5 +268,37 @@ func TestDesiredEqual(t *testing.T) {
 	b.KillSwitch[0].AllowOut = slices.Concat(b.KillSwitch[0].AllowOut, []string{"x"})
 	if a.Equal(b) {
 		t.Fatal("different allowOut compares equal")
+	}
+}
+
+// TestKillSwitchAllowTo: a kill switch with allowTo is a group of its own
+// with a destination set its drop rule skips; the VLAN's group beside it
+// keeps its sets and its rule as they were without it.
+func TestKillSwitchAllowTo(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	vlan := Desired{KillSwitch: []KillSwitch{{From: pfx("10.10.50.0/24"), AllowOut: []string{"wg-pia"}}}}
+	both := vlan
+	both.KillSwitch = append(slices.Clone(vlan.KillSwitch), KillSwitch{From: pfx("10.90.0.128/25"), AllowOut: []string{"wg-pia"},
+		AllowTo: []netip.Prefix{pfx("192.168.2.0/24"), pfx("fd00:2::/64")}})
+	var got []string
+	for _, s := range both.Tables()[0].Sets {
+		got = append(got, s.header()+" "+strings.Join(s.elements(), ","))
+	}
+	want := []string{
+		"set ks_wg-pia_out { type ifname; } \"wg-pia\"",
+		"set ks_wg-pia_v4 { type ipv4_addr; flags interval; } 10.10.50.0/24",
+		"set ks_wg-pia_to_192.168.2.0-24_to_fd00-2---64_out { type ifname; } \"wg-pia\"",
+		"set ks_wg-pia_to_192.168.2.0-24_to_fd00-2---64_v4 { type ipv4_addr; flags interval; } 10.90.0.128/25",
+		"set ks_wg-pia_to_192.168.2.0-24_to_fd00-2---64_v4_to { type ipv4_addr; flags interval; } 192.168.2.0/24",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("sets (-want +got):\n%s", diff)
+	}
+	rules := both.Tables()[0].Chains[0].Rules
+	if len(rules) != 2 || !slices.EqualFunc(rules[:1], vlan.Tables()[0].Chains[0].Rules, func(a, b Rule) bool { return reflect.DeepEqual(a, b) }) {
+		t.Errorf("the VLAN's kill-switch rule changed beside the clients' (%d rules)", len(rules))
+	}
+	if len(rules[1].Exprs) <= len(rules[0].Exprs) {
+		t.Errorf("the clients' rule does not test the destination: %d expressions, the VLAN's %d", len(rules[1].Exprs), len(rules[0].Exprs))
 	}
 }

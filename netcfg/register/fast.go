@@ -20,7 +20,7 @@ import (
 
 // fastKeys are the fields the fast path reads.
 var fastKeys = [...]string{"name", "description", "publicKey", "presharedKeyFile",
-	"endpoint", "allowedIPs", "persistentKeepalive"}
+	"endpoint", "allowedIPs", "persistentKeepalive", "expires"}
 
 // fastField is the field b names, as one of fastKeys' strings (a file's
 // keys are not copied), and its index there; -1 if the fast path does not
@@ -110,6 +110,8 @@ func fastYAMLPeer(file string, data []byte) (peer config.WGPeer, line int, pf *c
 				peer.PresharedKeyFile = s
 			case "endpoint":
 				peer.Endpoint = s
+			case "expires":
+				peer.Expires = s
 			}
 		}
 	}

@@ -62,6 +62,12 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			// and an adopted route takes nodeagent's protocol in place
 			// (NLM_F_REPLACE on its key): it is never missing meanwhile.
 			err = h.NL().RouteReplace(toKernelRoute(o.Route, links))
+			if errors.Is(err, unix.ENETDOWN) && o.Route.Dev != "" {
+				// The device exists but is down (a tun made a moment
+				// before its program sets it up): the route waits for
+				// the device's up event, it has not failed.
+				err = &host.PendingError{Reason: fmt.Sprintf("device %s is down", o.Route.Dev)}
+			}
 		case OpDelRoute:
 			h.Wrote(1)
 			if err = h.NL().RouteDel(toKernelRoute(o.Route, links)); errors.Is(err, unix.ESRCH) || errors.Is(err, unix.ENOENT) {

@@ -115,6 +115,10 @@ type Device struct {
 	// KeyFiles are the key files the device was built from (its private
 	// key, its peers' preshared keys), so the daemon can watch them.
 	KeyFiles []string
+	// Held are the peers of the config and the register kept out of the
+	// device (disabled, or expired), for status; nothing is planned for
+	// them but their absence.
+	Held []HeldPeer
 	// Stage is the staging device filled with Peers while they were read
 	// (Stager), which the sync that creates the device takes if it holds
 	// exactly what the creation writes; nil for none.
@@ -139,6 +143,21 @@ type Peer struct {
 	// Source is the register file the peer came from ("" for a peer of
 	// the config itself).
 	Source string
+	// Expires is when the peer leaves the device (zero: never): from
+	// then on it is held (netcfg's Desired.At).
+	Expires time.Time
+}
+
+// HeldPeer is a peer kept out of its device: disabled in its file, or
+// expired. Its file keeps it; status lists it with the reason.
+type HeldPeer struct {
+	PublicKey wgtypes.Key
+	Name      string
+	Source    string
+	// State is "disabled" or "expired"; Reason says so for people.
+	State, Reason string
+	Expires       time.Time
+	AllowedIPs    []netip.Prefix
 }
 
 // Desired is the whole desired state of this subsystem.
@@ -214,6 +233,9 @@ type Observed struct {
 	// Time is when the state was read; handshake ages are relative to it.
 	Time     time.Time
 	MaxIndex int
+	// Kept are, per device, the kernel peers an adoption kept although
+	// the register does not name them (kept.go): never removed.
+	Kept map[string]map[wgtypes.Key]bool
 }
 
 // OpKind says what an Op does.
@@ -232,7 +254,9 @@ const (
 	OpRemovePeer
 	OpAddPeer
 	OpUpdatePeer
-	OpFail // not applied: reported (conflict, pending, skipped peer)
+	OpKeepPeer   // an adoption keeps a kernel peer the register lacks, and records it
+	OpForgetPeer // a kept peer joined the register or left the kernel: no longer kept apart
+	OpFail       // not applied: reported (conflict, pending, skipped peer)
 )
 
 // Op is one change to one object.
@@ -301,7 +325,7 @@ func (o Op) Object() string {
 	switch o.Kind {
 	case OpAddAddr, OpDelAddr:
 		return fmt.Sprintf("address %s on %s", o.Addr, o.Device)
-	case OpAddPeer, OpRemovePeer, OpUpdatePeer:
+	case OpAddPeer, OpRemovePeer, OpUpdatePeer, OpKeepPeer, OpForgetPeer:
 		return peerObject(o.Device, o.PeerID, o.Peer.Name)
 	}
 	if o.Kind == OpFail && o.PeerID != (wgtypes.Key{}) {
@@ -342,6 +366,10 @@ func (o Op) text(s string) string {
 		s += " " + strings.Join(o.changes(), ", ")
 	case OpAddPeer:
 		s += " " + describePeer(o.Peer, o.Endpoint)
+	case OpKeepPeer:
+		s += " kept (in the kernel, not in the register: the adoption leaves it as it is, and nodeagent never removes it; add its file to the register to manage it, or remove it with wg set)"
+	case OpForgetPeer:
+		s += " no longer kept apart"
 	}
 	if o.Detail != "" {
 		s += ": " + o.Detail

@@ -200,6 +200,12 @@ func (p *Provider) handlePF(res any) bool {
 		p.pfAt = be.Until
 		return false
 	}
+	if err != nil && p.pfTrouble.IsZero() && p.port != 0 {
+		// The trouble of a port bound before starts here; saved, so a
+		// restart does not start its clock again.
+		p.pfTrouble = now
+		defer p.save()
+	}
 	switch r := res.(type) {
 	case sigResult:
 		if r.err != nil {
@@ -216,12 +222,14 @@ func (p *Provider) handlePF(res any) bool {
 		}
 		switch {
 		case r.err == nil:
-			p.bound, p.pfErr, p.pfN, p.pfTried = now, "", 0, false
+			p.bound, p.pfErr, p.pfN, p.pfTried, p.pfTrouble = now, "", 0, false, time.Time{}
 			p.pfAt = now.Add(p.t.BindEvery)
+			// Saved at every bind: the last good bind is what a restart
+			// judges a port lost by.
+			defer p.save()
 			if p.port != r.s.Port {
 				p.log.Info("port forwarding: port bound", "port", r.s.Port, "was", p.port, "server", r.s.Server)
 				p.port = r.s.Port
-				p.save()
 				return true
 			}
 		case errors.Is(r.err, ErrPortBusy):
@@ -269,6 +277,53 @@ func (p *Provider) leaveServer(now time.Time, reason string) {
 // Port is the forwarded port, 0 before one was bound. It stays the last
 // bound port while a new one is sought, so the DNAT moves in one step.
 func (p *Provider) Port() int { return p.port }
+
+// PortTroubleSince is when the forwarded port stopped being kept bound:
+// the earliest of the first failed port-forwarding call since the last
+// good bind, the moment the tunnel went unhealthy (binds wait for it;
+// not before the last good bind), and the time the next bind was due and
+// none was good (a daemon that was stopped, a budget that held binds
+// back). Zero while the port is kept, or without a port. How long the
+// trouble may last before the port counts as lost is the caller's.
+func (p *Provider) PortTroubleSince(now time.Time) time.Time {
+	if p.port == 0 {
+		return time.Time{}
+	}
+	var t time.Time
+	earliest := func(x time.Time) {
+		if !x.IsZero() && (t.IsZero() || x.Before(t)) {
+			t = x
+		}
+	}
+	earliest(p.pfTrouble)
+	if !p.healthy && !p.sickSince.IsZero() {
+		earliest(later(p.sickSince, p.bound))
+	}
+	if !p.bound.IsZero() {
+		if due := p.bound.Add(p.t.BindEvery); now.After(due) {
+			earliest(due)
+		}
+	}
+	return t
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// noteHealth keeps sickSince: when the tunnel was last seen going
+// unhealthy.
+func (p *Provider) noteHealth(now time.Time) {
+	switch {
+	case p.healthy:
+		p.sickSince = time.Time{}
+	case p.sickSince.IsZero():
+		p.sickSince = now
+	}
+}
 
 // Notified is the port onChange last ran for.
 func (p *Provider) Notified() int { return p.notified }

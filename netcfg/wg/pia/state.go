@@ -69,6 +69,11 @@ type SavedPF struct {
 	Sig *Signature
 	// Port is the port published; Notified the one onChange last ran for.
 	Port, Notified int
+	// LastBind is the last good bind; FailingSince the first failed
+	// port-forwarding call after it (zero: none failed). A restart keeps
+	// them, so a port that stopped being bound is judged lost on time,
+	// however often the daemon restarts.
+	LastBind, FailingSince time.Time
 }
 
 // savedFile is Saved as written: the token in the clear (the file is
@@ -90,6 +95,8 @@ type pfFile struct {
 	At        time.Time `json:"at,omitzero"`
 	Port      int       `json:"port,omitempty"`
 	Notified  int       `json:"notified,omitempty"`
+	LastBind  time.Time `json:"lastBind,omitzero"`
+	Failing   time.Time `json:"failingSince,omitzero"`
 }
 
 func (s Store) path(dev, ext string) string { return filepath.Join(s.Dir, dev+ext) }
@@ -126,7 +133,7 @@ func (s Store) Load(dev string) (Saved, error) {
 		}
 	}
 	if pf := f.PortForward; pf != nil {
-		v.PF = &SavedPF{Port: pf.Port, Notified: pf.Notified}
+		v.PF = &SavedPF{Port: pf.Port, Notified: pf.Notified, LastBind: pf.LastBind, FailingSince: pf.Failing}
 		switch {
 		case pf.Payload == "":
 		case !ValidCN(pf.Server):
@@ -146,7 +153,7 @@ func (s Store) Save(dev string, v Saved) error {
 	}
 	f := savedFile{Version: 1, Token: v.Token.Value(), TokenAt: v.TokenAt, Registration: v.Reg}
 	if pf := v.PF; pf != nil {
-		f.PortForward = &pfFile{Port: pf.Port, Notified: pf.Notified}
+		f.PortForward = &pfFile{Port: pf.Port, Notified: pf.Notified, LastBind: pf.LastBind, Failing: pf.FailingSince}
 		if s := pf.Sig; s != nil {
 			f.PortForward.Payload, f.PortForward.Signature, f.PortForward.SigPort = s.Payload.Value(), s.Signature.Value(), s.Port
 			f.PortForward.Expires, f.PortForward.Server, f.PortForward.At = s.Expires, s.Server, s.At
