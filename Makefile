@@ -42,7 +42,7 @@ test: deps
 	$(GO) run ./testenv/cmd/debroots > $(LOGDIR)/debroots.log 2>&1 & roots=$$!; \
 	$(GO) run ./testenv/cmd/kubeapiserver || status=1; \
 	wait $$roots || { status=1; cat $(LOGDIR)/debroots.log; }; \
-	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -timeout 20m -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
+	NODEAGENT_VM_SMOKE=1 NODEAGENT_DEB_VM=1 $(GO) test -count=1 -timeout 45m -v ./... 2>&1 | tee $(LOGDIR)/host.log || status=1; \
 	$(VMTEST) -timeout 20m $(VM_PKGS) 2>&1 | tee $(LOGDIR)/vm.log || status=1; \
 	$(VMTEST) -run '$(VM_CMD_TESTS)' ./cmd/nodeagent 2>&1 | tee $(LOGDIR)/vm-cmd.log || status=1; \
 	$(GO) run ./testenv/cmd/testsum $(LOGDIR)/host.log $(LOGDIR)/vm.log $(LOGDIR)/vm-cmd.log || status=1; \

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -17,10 +16,12 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
 	"github.com/nodeagent/nodeagent/agent/clientapi"
+	"github.com/nodeagent/nodeagent/agent/fight"
 	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
+	"github.com/nodeagent/nodeagent/agent/neighbours"
 	"github.com/nodeagent/nodeagent/agent/notify"
 	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/agent/waiting"
@@ -28,6 +29,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/hazard"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/register"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
@@ -79,9 +81,18 @@ type RunOptions struct {
 	// does not create (a parent NIC) before the node is degraded for it
 	// (default waiting.DefaultBound; tests shorten it).
 	PendingBound time.Duration
-	// Hazards is where the hazard checks read networkd's configuration
-	// and /proc (zero: the node's own; tests point it at a fixture tree).
-	Hazards hazard.Paths
+	// Hazards is where the hazard checks read the neighbours'
+	// configuration (zero: the node's own; tests point it at a fixture
+	// tree). HazardSystem, when set, stands for what systemd says on the
+	// bus (whether networkd runs, its version, ...): tests set it.
+	Hazards      hazard.Paths
+	HazardSystem *hazard.System
+	// FightBound and FightWindow back off an object repaired FightBound
+	// times within FightWindow (agent/fight; zero: its defaults, 10 in a
+	// minute). Tests that delete one object many times in a row to time
+	// its repair raise the bound.
+	FightBound  int
+	FightWindow time.Duration
 	// TestHooks turns on SIGUSR2, which wedges the reconcile loop for a
 	// minute, so tests can prove the watchdog notices.
 	TestHooks bool
@@ -130,20 +141,17 @@ type Daemon struct {
 	// its WARN line is logged once, not at every resync.
 	held [32]byte
 	// hazardHash and hazardAt are the config and the time of the last
-	// hazard check; hazardLogged the hazards last logged.
-	hazardHash   string
-	hazardAt     time.Time
-	hazardLogged string
-	// hazardMACs are the links' MACs the last sync saw, hazardsFound the
-	// hazards last found, causesLogged the repair causes logged
-	// (repairCauses); nm follows NetworkManager. neighbours is signalled
-	// when a neighbour's files or state change.
-	hazardMACs   map[string]net.HardwareAddr
-	hazardsFound []hazard.Hazard
-	causesLogged map[string]bool
-	nm           *nmWatch
-	neighbours   chan struct{}
-	want         atomic.Pointer[interest]
+	// hazard check; hazardObs the links the last sync saw. nb follows the
+	// neighbours (networkd, udev, ifupdown, NetworkManager); neighbours is
+	// signalled when their files or state change.
+	hazardHash string
+	hazardAt   time.Time
+	hazardObs  link.Observed
+	nb         *neighbours.Neighbours
+	neighbours chan struct{}
+	// fights backs off an object another program keeps changing back.
+	fights fight.Tracker
+	want   atomic.Pointer[interest]
 	// waitingFor are the links the last sync's waits named (sorted): the
 	// event filter looks for them too, so that one appearing is a sync at
 	// once, not at the bound's or the resync's timer.
@@ -262,6 +270,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 		notify: notify.New(o.Log), metrics: metrics.New(), piaEv: make(chan pia.Event, 16), hookEv: make(chan hookResult, 4),
 	}
 	d.waits.Bound = o.PendingBound
+	d.fights.Bound, d.fights.Window = o.FightBound, o.FightWindow
 	d.clients = clientapi.New(d.Status, o.Log.With("subsystem", "clients"))
 	// A scrape reads the peers' figures as of now (at most once a second).
 	d.metrics.SetRefresh(func(ctx context.Context) { d.Peers(ctx) })
@@ -339,8 +348,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.files = fw
 	d.files.set(d.peerDirs(), d.keyFiles(), d.log)
-	watchNeighbours(ctx, d.o.Hazards, d.neighbourChanged, d.log)
-	d.nm = startNetworkManager(ctx, d.log, d.neighbourChanged)
+	d.nb = neighbours.Start(ctx, neighbours.Options{Paths: d.o.Hazards, System: d.o.HazardSystem, Log: d.log, Changed: d.neighbourChanged})
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGHUP)
 	if d.o.TestHooks {

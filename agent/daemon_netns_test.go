@@ -210,7 +210,8 @@ func has(out, s string) bool { return strings.Contains(out, s) }
 // daemon's poll. The median of each kind is reported (target < 1s).
 func TestDriftRepairedFromEvents(t *testing.T) {
 	l := newLab(t)
-	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour })
+	// 20 deletions of one object in a row are timed, not a fight.
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour; o.FightBound = 1000 })
 	n := l.node
 	nftHandle := func() string {
 		m := regexp.MustCompile(`masquerade # handle (\d+)`).FindStringSubmatch(n.Exec(t, "nft", "-a", "list", "chain", "inet", "nodeagent", "postrouting"))

@@ -357,7 +357,8 @@ func TestFIFOKeyFileAndWedgedLoop(t *testing.T) {
 // table or rule past a second.
 func TestEventStormDoesNotStarveRepairs(t *testing.T) {
 	l := newLab(t)
-	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour })
+	// 20 deletions of one object in a row are timed, not a fight.
+	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) { o.Resync = time.Hour; o.FightBound = 1000 })
 	n := l.node
 	shim, err := n.NL.LinkByName("shim0")
 	if err != nil {

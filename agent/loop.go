@@ -213,6 +213,7 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 			// A neighbour's files or state changed: look again now.
 			d.evalHazards()
 		case <-resync.C:
+			d.fights.Tick(time.Now())
 			pending = merge(pending, trigResync)
 			arm(0)
 		case <-retry:

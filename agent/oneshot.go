@@ -169,7 +169,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 	for _, warn := range warns {
 		warnings = append(warnings, warn.Error())
 	}
-	warnings = append(warnings, networkdHazards(h, d)...)
+	warnings = append(warnings, neighbourHazards(h, d)...)
 	for _, warn := range warnings {
 		fmt.Fprintf(w, "warning: %s\n", warn)
 	}
@@ -197,7 +197,7 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 		return err
 	}
 	defer h.Close()
-	for _, warn := range networkdHazards(h, d) {
+	for _, warn := range neighbourHazards(h, d) {
 		log.Warn(warn)
 	}
 	cv := &netcfg.Converger{Host: h, Log: log, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}

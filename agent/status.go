@@ -100,7 +100,9 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	// Drift is a change to the kernel that the running config did not
 	// ask for: what a sync woken by the kernel (or a resync) repairs, not
 	// what a new config, a changed peer file or the first sync brings in.
-	if (why == trigEvent || why == trigResync) && d.hash == d.syncedHash && total > 0 {
+	drift := (why == trigEvent || why == trigResync) && d.hash == d.syncedHash
+	d.checkFights(drift, res)
+	if drift && total > 0 {
 		d.log.Info("drift repaired", "trigger", why.String(), "changes", total)
 		repairs := netcfg.Repairs(res.Report)
 		for kind, n := range repairs {
@@ -113,7 +115,7 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 		if time.Since(d.hazardAt) >= repairLook {
 			d.evalHazards()
 		}
-		d.repairCauses(repairs)
+		d.nb.Causes(repairs)
 	}
 	d.syncedHash = d.hash
 	replaced := nft.Replaced(res.Report)
@@ -373,7 +375,7 @@ func (d *Daemon) healthLocked() bool {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy) || isFalse(api.CondGatewayRole)
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy) || isFalse(api.CondConflict) || isFalse(api.CondGatewayRole)
 	return s.Ready && !s.Degraded
 }
 

@@ -35,6 +35,11 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	}
 	des = d.effective(des)
 	p, _ := d.cv.Plan(ctx, des) // what cannot be observed is in the plan
+	if d.hash == d.syncedHash {
+		// An object in a fight with another program waits for the next
+		// resync (agent/fight); a new config repairs at once.
+		p, _ = p.Hold(d.fights.Hold, "another program keeps changing it back: repaired once per resync until it stops (see the Conflict condition)")
+	}
 	if d.beforeApply != nil {
 		d.beforeApply(p)
 	}

@@ -87,6 +87,9 @@ type Plans struct {
 	// Unobserved has one entry per subsystem that could not be read; that
 	// subsystem's plan is empty.
 	Unobserved plan.Report
+	// Held are the changes Hold took out (a fight backed off), reported
+	// by Apply as not applied.
+	Held plan.Report
 
 	snap        *host.Snapshot
 	nftObserved bool // nftables could be read; false: Nft says nothing
@@ -117,7 +120,7 @@ func (f Forwarding) String() string {
 
 // Empty reports whether no subsystem has anything to do or report.
 func (p Plans) Empty() bool {
-	return p.Nft.Empty() && p.Link.Empty() && p.WG.Empty() && p.Sysctl.Empty() && p.Route.Empty() && len(p.Unobserved) == 0
+	return p.Nft.Empty() && p.Link.Empty() && p.WG.Empty() && p.Sysctl.Empty() && p.Route.Empty() && len(p.Unobserved) == 0 && len(p.Held) == 0
 }
 
 // Report is the dry run: every subsystem's entries, in the order they are
@@ -253,6 +256,7 @@ func (c *Converger) Apply(ctx context.Context, p Plans) Result {
 	}
 	var res Result
 	res.Report = append(res.Report, p.Unobserved...)
+	res.Report = append(res.Report, p.Held...)
 	wrote := map[string]bool{}
 	run := func(sub string, r plan.Report) plan.Report {
 		if r.Writes() {

@@ -22,10 +22,9 @@ func TestNetworkdDropInClearsTheHazard(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put("proc/7/comm", []byte("systemd-network\n"))
 	// Debian's own networkd.conf: every setting commented out.
 	put("etc/systemd/networkd.conf", []byte("[Network]\n#ManageForeignRoutingPolicyRules=yes\n#ManageForeignRoutes=yes\n"))
-	if hs := hazard.Networkd(hazard.Paths{Root: root}, nil); len(hs) != 2 {
+	if hs := hazard.Networkd(hazard.Paths{Root: root}, hazard.System{Networkd: true, Version: 252}, nil); len(hs) != 2 {
 		t.Fatalf("without the drop-in: %v, want both settings", hs)
 	}
 	dropIn, err := os.ReadFile("../systemd/networkd.conf.d/nodeagent.conf")
@@ -36,7 +35,7 @@ func TestNetworkdDropInClearsTheHazard(t *testing.T) {
 		t.Error("the drop-in does not say where it goes")
 	}
 	put("etc/systemd/networkd.conf.d/nodeagent.conf", dropIn)
-	if hs := hazard.Networkd(hazard.Paths{Root: root}, nil); len(hs) != 0 {
+	if hs := hazard.Networkd(hazard.Paths{Root: root}, hazard.System{Networkd: true, Version: 252}, nil); len(hs) != 0 {
 		t.Errorf("with the drop-in: %v", hs)
 	}
 }

@@ -77,6 +77,13 @@ const (
 	// hook fails (it is retried with backoff). Absent when no device has
 	// an onChange. It neither degrades the node nor holds back Ready.
 	CondPortDelivered = "PortDelivered"
+	// Conflict: no object is in a fight with another program. False names
+	// each object nodeagent backed off (repaired agent/fight's bound of
+	// times within its window, and since then repaired once per resync
+	// instead of at once), how often it was changed back and the program
+	// most likely doing it. It degrades the node while it lasts; it does
+	// not hold back Ready. The kill switch is never backed off.
+	CondConflict = "Conflict"
 	// GatewayRole: this node's part in the gateway role (agent/gateway),
 	// reason Holder, Standby (the message names the holder), Claiming or
 	// Fenced. True while Holder or Standby; False while Claiming or

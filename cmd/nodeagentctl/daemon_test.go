@@ -91,7 +91,7 @@ func testDaemon(t *testing.T, node *testenv.NetNS, cfg, socket, version string) 
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		// No networkd, whatever runs on the machine: the golden status
 		// does not depend on it.
-		Hazards: hazard.Paths{Root: t.TempDir()},
+		Hazards: hazard.Paths{Root: t.TempDir()}, HazardSystem: &hazard.System{},
 	})
 }
 

@@ -1,63 +1,48 @@
 // Package hazard finds what on this node will undo nodeagent's work: the
-// network software beside it, configured the way it ships. Today that is
-// systemd-networkd: with its defaults it deletes every routing rule and
-// route it did not make whenever it configures a link it manages, and a
-// .network file whose [Match] is broad (Name=en*) takes nodeagent's links
-// as its own. Each hazard names its source and the fix.
+// network software beside it, configured the way it ships. Each hazard
+// names its source and the fix.
 //
-// The reading follows networkd's own: networkd.conf(5) and
-// systemd.network(5), every directory of the search path, a file in an
-// earlier directory hiding one of the same name in a later one, drop-ins
-// in file-name order.
+//   - systemd-networkd (networkd.go): with its defaults it deletes every
+//     routing rule and route it did not make whenever it configures a link
+//     it manages, and a .network file whose [Match] catches one of
+//     nodeagent's links makes that link networkd's.
+//   - udev (udev.go): a .link file that catches one of nodeagent's links
+//     renames it, or overwrites its alias (nodeagent's ownership mark) or
+//     its address, when the link appears.
+//   - ifupdown (ifupdown.go): a stanza for one of nodeagent's links, or
+//     for a parent whose down deletes it, brings it up at boot as
+//     ifupdown's and deletes it at ifdown and `systemctl restart
+//     networking`.
+//
+// The reading is the programs' own, derived from their source at the
+// versions Debian and Ubuntu ship (systemd 252, 255, 256 and later;
+// ifupdown 0.8): the same search paths per version, precedence by file
+// name, drop-ins, the [Match] semantics of shared/net-condition.c (a
+// line's leading '!' negates its words, any negative hit rejects, one
+// positive must match), conditions (Host=, Virtualization=, ...), empty
+// [Match] sections ignored, systemd's boolean parsing and file syntax.
 package hazard
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"io"
-	"iter"
-	"maps"
-	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 )
 
-// SearchDirs are networkd's configuration directories, highest priority
-// first: a file in one hides a file of the same name in the later ones.
-var SearchDirs = []string{"/etc/systemd", "/run/systemd", "/usr/local/lib/systemd", "/usr/lib/systemd"}
-
-// Paths says where to read; Root "" is the node's own filesystem, tests
-// point it at a fixture tree.
-type Paths struct {
-	Root string
-	// Proc is scanned for a running systemd-networkd ("" is Root/proc).
-	Proc string
-}
-
-func (p Paths) path(elem ...string) string {
-	return filepath.Join(append([]string{p.Root, "/"}, elem...)...)
-}
-
-// Link is one of nodeagent's links, as networkd's [Match] sees it.
-type Link struct {
-	Name string
-	// Kind is the netdev kind: vlan, macvlan, wireguard.
-	Kind string
-	// MAC is its hardware address (a VLAN's is its parent's); nil when
-	// not known.
-	MAC net.HardwareAddr
-}
-
 // Hazard is one thing found, with what to do about it.
 type Hazard struct {
-	// Source is the file or the service it comes from.
+	// Source is the file (with its line, where one line says it) or the
+	// service it comes from.
 	Source string
+	// Manager is the program that acts: systemd-networkd, udev, ifupdown,
+	// NetworkManager.
+	Manager string
 	// Setting is the networkd.conf key for a setting's hazard, "" for a
 	// file that matches a link.
 	Setting string
+	// Link is the link of nodeagent's it concerns, "" for a setting.
+	Link string
 	// What happens to nodeagent's objects.
 	What string
 	// Fix is the change that removes it.
@@ -70,9 +55,6 @@ type Hazard struct {
 
 func (h Hazard) String() string { return h.Source + ": " + h.What + "; " + h.Fix }
 
-// maxFile bounds what is read of one configuration file.
-const maxFile = 1 << 20
-
 // foreignSettings are networkd.conf's settings that delete what networkd
 // did not make, all on by default.
 var foreignSettings = []struct {
@@ -84,278 +66,251 @@ var foreignSettings = []struct {
 }
 
 // Networkd reports the hazards of a running systemd-networkd for links:
-// each networkd.conf setting that deletes foreign routing (read from the
-// main file and its drop-ins across the search path), and each .network
-// file that matches one of links.
-func Networkd(p Paths, links []Link) []Hazard {
-	proc := p.Proc
-	if proc == "" {
-		proc = p.path("proc")
-	}
-	if !running(proc, "systemd-network") {
+// each networkd.conf setting that deletes foreign routing, and, for each
+// link, the .network file networkd applies to it unless that file says
+// Unmanaged=yes.
+func Networkd(p Paths, s System, links []Link) []Hazard {
+	if !s.Networkd {
 		return nil
 	}
 	var out []Hazard
-	settings, sources := p.networkdConf()
-	for _, s := range foreignSettings {
-		v, set := settings[s.key]
-		if set && !isTrue(v) {
+	settings, sources := p.networkdConf(s)
+	for _, f := range foreignSettings {
+		if !settings[f.key] {
 			continue
 		}
-		src := "systemd-networkd (default)"
-		if set {
-			src = sources[s.key]
+		src, set := sources[f.key]
+		if !set {
+			src = "systemd-networkd (default)"
 		}
-		out = append(out, Hazard{Source: src, Setting: s.key, What: fmt.Sprintf("%s=yes %s", s.key, s.what),
-			Fix:   fmt.Sprintf("set %s=no under [Network] in /etc/systemd/networkd.conf.d/nodeagent.conf, then systemctl restart systemd-networkd", s.key),
-			Kinds: s.kinds})
+		out = append(out, Hazard{Source: src, Manager: "systemd-networkd", Setting: f.key,
+			What:  fmt.Sprintf("%s=yes %s", f.key, f.what),
+			Fix:   fmt.Sprintf("set %s=no under [Network] in /etc/systemd/networkd.conf.d/nodeagent.conf, then systemctl restart systemd-networkd", f.key),
+			Kinds: f.kinds})
+	}
+	nets, unknown := p.loadNetworks(s)
+	for _, f := range unknown {
+		out = append(out, Hazard{Source: f, Manager: "systemd-networkd",
+			What:  "networkd reads this file and nodeagent may not (another user's, and nodeagent runs without CAP_DAC_OVERRIDE), so whether its [Match] catches nodeagent's links is not known",
+			Fix:   "make it readable by root (its owner root, or mode o+r), or leave nodeagent's links alone with a file of [Link] Unmanaged=yes that sorts before it",
+			Kinds: []string{"link", "address", "route"}})
+	}
+	var names []string
+	for _, l := range links {
+		names = append(names, l.Name)
 	}
 	for _, l := range links {
-		if f, why := p.matchingNetwork(l); f != "" {
-			out = append(out, Hazard{Source: f, What: fmt.Sprintf("its [Match] (%s) catches nodeagent's link %s, which networkd then configures as its own", why, l.Name),
-				Fix:   fmt.Sprintf("narrow the match so that it leaves %s alone (Name=!%s, or a name glob that does not cover it)", l.Name, l.Name),
-				Kinds: []string{"link", "address", "route"}})
+		n := networkFor(nets, l, s)
+		if n == nil || n.unmanaged {
+			continue
 		}
+		out = append(out, Hazard{Source: n.source(), Manager: "systemd-networkd", Link: l.Name,
+			What:  fmt.Sprintf("its [Match] (%s) catches nodeagent's link %s, which networkd then configures as its own", n.match.describe(), l.Name),
+			Fix:   unmanagedFix(n.file, l, names),
+			Kinds: []string{"link", "address", "route"}})
 	}
 	return out
 }
 
-// networkdConf is the [Network] section of networkd.conf as networkd reads
-// it: the main file (the first of the search path that has one), then the
-// drop-ins of every networkd.conf.d in file-name order. sources says which
-// file set each key last.
-func (p Paths) networkdConf() (settings, sources map[string]string) {
-	settings, sources = map[string]string{}, map[string]string{}
-	for _, d := range SearchDirs {
-		f := p.path(d, "networkd.conf")
-		if b, ok := readFile(f); ok {
-			parseSection(b, "Network", f, settings, sources)
+// NetworkdVerdict is what networkd does with l: the .network file it
+// applies ("" for none) and whether that file leaves it unmanaged. It is
+// what `networkctl list` shows for the link (unmanaged, or configured by
+// the file), for the tests that ask networkd itself.
+func NetworkdVerdict(p Paths, s System, l Link) (file string, unmanaged bool) {
+	nets, _ := p.loadNetworks(s)
+	n := networkFor(nets, l, s)
+	if n == nil {
+		return "", true
+	}
+	return n.file, n.unmanaged
+}
+
+// unmanagedFix is the fix for a .network file that catches l: first
+// networkd's own answer for a link that another program controls, a file
+// that sorts before the catching one and says Unmanaged=yes for all of
+// nodeagent's links; else a narrower match, which must negate the link's
+// alternative names too (Name= passes a link when its name or any
+// alternative name passes).
+func unmanagedFix(file string, l Link, all []string) string {
+	name := "00-nodeagent.network"
+	base := filepath.Base(file)
+	for _, n := range []string{"00-nodeagent.network", "0-nodeagent.network", "-nodeagent.network"} {
+		if n < base {
+			name = n
 			break
 		}
 	}
-	for _, f := range p.ordered("networkd.conf.d", ".conf") {
-		if b, ok := readFile(f); ok {
-			parseSection(b, "Network", f, settings, sources)
+	names := strings.Join(append([]string{l.Name}, l.AltNames...), " ")
+	return fmt.Sprintf("write /etc/systemd/network/%s with [Match] Name=%s and [Link] Unmanaged=yes (it must sort before %s; the first matching file wins), then networkctl reload; or narrow the match so that it leaves %s alone (a line Name=!%s in its [Match])",
+		name, strings.Join(all, " "), base, l.Name, names)
+}
+
+// network is one .network file networkd loaded.
+type network struct {
+	file, dropIn string
+	match        *netMatch
+	unmanaged    bool
+}
+
+// source names the file, and the drop-in that set Unmanaged= or the match
+// when one did.
+func (n *network) source() string {
+	if n.dropIn != "" {
+		return n.file + " (with " + n.dropIn + ")"
+	}
+	return n.file
+}
+
+// networkFor is link_get_network(): the first loaded file, in file-name
+// order, whose [Match] matches l.
+func networkFor(nets []network, l Link, s System) *network {
+	for i := range nets {
+		if nets[i].match.test(l, s.Udev, true) {
+			return &nets[i]
+		}
+	}
+	return nil
+}
+
+// loadNetworks is network_load(): every .network file of the search path
+// in file-name order, each with its drop-ins (NAME.network.d/*.conf),
+// read as networkd's user; a file is left out where network_load_one()
+// leaves it out: empty or /dev/null, unreadable, refused by the parser,
+// with an empty [Match] and no condition ("No valid settings found in the
+// [Match] section, ignoring file"), or with a condition that does not
+// hold on this node. unknown are the files networkd reads and nodeagent
+// cannot.
+func (p Paths) loadNetworks(s System) (nets []network, unknown []string) {
+	dirs := networkDirs(s.Version)
+	r := s.networkdReader()
+	for _, f := range p.listConf(dirs, "", ".network") {
+		stem := strings.TrimSuffix(filepath.Base(f), ".network")
+		dropIns := p.dropIns(dirs, "", stem+".network.d")
+		as, st := parseMany(append([]string{f}, dropIns...), r)
+		if st == fileUnknown {
+			unknown = append(unknown, f)
+		}
+		if st != fileOK {
+			continue
+		}
+		m := parseMatch(as, "Name", false)
+		if m.empty() && len(m.conditions) == 0 {
+			continue
+		}
+		if !conditionsHold(m.conditions, s, p, "run/credentials/systemd-networkd.service") {
+			continue
+		}
+		n := network{file: f, match: m}
+		for _, a := range as {
+			if a.section == "Link" && a.key == "Unmanaged" {
+				if b, ok := parseBoolean(a.value); ok {
+					n.unmanaged = b
+					if a.file != f {
+						n.dropIn = a.file
+					}
+				}
+			}
+		}
+		if n.dropIn == "" {
+			for _, a := range as {
+				if a.section == "Match" && a.file != f {
+					n.dropIn = a.file
+				}
+			}
+		}
+		nets = append(nets, n)
+	}
+	return nets, unknown
+}
+
+// networkDirs are the directories of .network and .link files
+// (NETWORK_DIRS: CONF_PATHS("systemd/network")).
+func networkDirs(v int) []string {
+	var out []string
+	for _, d := range confDirs(v) {
+		out = append(out, filepath.Join(d, "systemd/network"))
+	}
+	return out
+}
+
+func conditionsHold(cs []condition, s System, p Paths, credDir string) bool {
+	for _, c := range cs {
+		if !s.holds(c, p, credDir) {
+			return false
+		}
+	}
+	return true
+}
+
+// networkdConf is the [Network] section of networkd.conf as networkd
+// reads it (manager_parse_config_file()): the main file, then the drop-ins
+// of every networkd.conf.d in file-name order. Before 256 the main file is
+// /etc/systemd/networkd.conf only; from 256 it is the first of the four
+// directories' (config_parse_standard_file_with_dropins()). A value that
+// is not a boolean leaves the setting as it was (config_parse_bool()).
+// sources says which file set each key last.
+func (p Paths) networkdConf(s System) (settings map[string]bool, sources map[string]string) {
+	settings, sources = map[string]bool{}, map[string]string{}
+	for _, f := range foreignSettings {
+		settings[f.key] = true
+	}
+	r := s.networkdReader()
+	var mains []string
+	if s.Version != 0 && s.Version < 256 {
+		mains = []string{"/etc/systemd/networkd.conf"}
+	} else {
+		for _, d := range confDirs(s.Version) {
+			mains = append(mains, filepath.Join(d, "systemd/networkd.conf"))
+		}
+	}
+	var files []string
+	for _, m := range mains {
+		_, st := readConf(p.path(m), r)
+		if st != fileMissing {
+			files = append(files, p.path(m))
+			break
+		}
+	}
+	var dirs []string
+	for _, d := range confDirs(s.Version) {
+		dirs = append(dirs, filepath.Join(d, "systemd"))
+	}
+	files = append(files, p.listConf(dirs, "networkd.conf.d", ".conf")...)
+	for _, f := range files {
+		b, st := readConf(f, r)
+		if st != fileOK {
+			continue
+		}
+		as, err := parseINI(b)
+		if err != nil {
+			continue
+		}
+		for _, a := range as {
+			if a.section != "Network" {
+				continue
+			}
+			if _, known := settings[a.key]; !known {
+				continue
+			}
+			if b, ok := parseBoolean(a.value); ok {
+				settings[a.key], sources[a.key] = b, f
+			}
 		}
 	}
 	return settings, sources
 }
 
-// ordered lists the files ending in suffix of sub across the search path,
-// one per name (the earliest directory's), in file-name order. A file
-// that is empty or a link to /dev/null masks the name.
-func (p Paths) ordered(sub, suffix string) []string {
-	byName := map[string]string{}
-	for _, d := range SearchDirs {
-		dir := p.path(d, sub)
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			continue
-		}
-		for _, e := range ents {
-			if !strings.HasSuffix(e.Name(), suffix) {
-				continue
-			}
-			if _, seen := byName[e.Name()]; !seen {
-				byName[e.Name()] = filepath.Join(dir, e.Name())
-			}
-		}
-	}
-	var out []string
-	for _, name := range slices.Sorted(maps.Keys(byName)) {
-		f := byName[name]
-		if t, err := os.Readlink(f); err == nil && t == "/dev/null" {
-			continue
-		}
-		out = append(out, f)
-	}
-	return out
-}
-
-// matchingNetwork is the .network file networkd applies to l (the first
-// in file-name order whose [Match] matches it), and which keys matched;
-// "" when none does.
-func (p Paths) matchingNetwork(l Link) (file, why string) {
-	for _, f := range p.ordered("network", ".network") {
-		b, ok := readFile(f)
-		if !ok {
-			continue
-		}
-		if ok, why := matches(b, l); ok {
-			return f, why
-		}
-	}
-	return "", ""
-}
-
-// matches applies a .network file's [Match] sections (merged, as networkd
-// merges them) to l. A key that tests a property nodeagent's links lack or
-// that cannot be known here (Path=, Driver=, Property=) does not match: no
-// hazard is claimed that networkd would not act on.
-func matches(b []byte, l Link) (bool, string) {
-	keys := map[string][]string{}
-	sawMatch := false
-	section := ""
-	for line := range lines(b) {
-		if strings.HasPrefix(line, "[") {
-			section = strings.Trim(line, "[]")
-			sawMatch = sawMatch || section == "Match"
-			continue
-		}
-		if section != "Match" {
-			continue
-		}
-		if k, v, ok := strings.Cut(line, "="); ok {
-			k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-			if v == "" {
-				delete(keys, k) // an empty assignment resets the list
-				continue
-			}
-			keys[k] = append(keys[k], strings.Fields(v)...)
-		}
-	}
-	if !sawMatch {
-		return false, ""
-	}
-	var why []string
-	for _, k := range slices.Sorted(maps.Keys(keys)) {
-		vals := keys[k]
-		var ok bool
-		switch k {
-		case "Name", "OriginalName":
-			ok = globList(vals, l.Name)
-		case "Kind":
-			ok = globList(vals, l.Kind)
-		case "Type":
-			ok = globList(vals, linkType(l.Kind))
-		case "MACAddress", "PermanentMACAddress":
-			ok = l.MAC != nil && macList(vals, l.MAC)
-		default:
-			return false, ""
-		}
-		if !ok {
-			return false, ""
-		}
-		why = append(why, k+"="+strings.Join(vals, " "))
-	}
-	if len(why) == 0 {
-		return true, "an empty [Match], which matches every link"
-	}
-	return true, strings.Join(why, ", ")
-}
-
-// linkType is networkd's Type= of a link of that kind (from its ARPHRD):
-// VLANs and macvlans are ether, WireGuard none.
-func linkType(kind string) string {
-	if kind == "wireguard" {
-		return "none"
-	}
-	return "ether"
-}
-
-// globList applies a [Match] list: any glob matches, or, for a list whose
-// first entry starts with "!", none does.
-func globList(globs []string, s string) bool {
-	invert := len(globs) > 0 && strings.HasPrefix(globs[0], "!")
-	any := false
-	for i, g := range globs {
-		if i == 0 && invert {
-			g = g[1:]
-		}
-		if ok, err := filepath.Match(g, s); err == nil && ok {
-			any = true
-		}
-	}
-	return any != invert
-}
-
-func macList(vals []string, mac net.HardwareAddr) bool {
-	for _, v := range vals {
-		if m, err := net.ParseMAC(v); err == nil && bytes.Equal(m, mac) {
-			return true
-		}
-	}
-	return false
-}
-
-// parseSection reads the key=value lines of one section of an INI file.
-func parseSection(b []byte, want, file string, into, sources map[string]string) {
-	section := ""
-	for line := range lines(b) {
-		if strings.HasPrefix(line, "[") {
-			section = strings.Trim(line, "[]")
-			continue
-		}
-		if section != want {
-			continue
-		}
-		if k, v, ok := strings.Cut(line, "="); ok {
-			k = strings.TrimSpace(k)
-			into[k], sources[k] = strings.TrimSpace(v), file
-		}
-	}
-}
-
-// lines yields the non-blank, non-comment lines of an INI file, trimmed.
-func lines(b []byte) iter.Seq[string] {
-	return func(yield func(string) bool) {
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		sc.Buffer(make([]byte, 0, 4096), maxFile)
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if line == "" || line[0] == '#' || line[0] == ';' {
-				continue
-			}
-			if !yield(line) {
-				return
-			}
-		}
-	}
-}
-
-// readFile reads at most maxFile bytes of a regular file (following
-// links, as networkd does); false for anything else.
-func readFile(path string) ([]byte, bool) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, false
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, false
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxFile))
-	return b, err == nil
-}
-
-func isTrue(v string) bool {
-	switch strings.ToLower(v) {
-	case "1", "yes", "y", "true", "t", "on":
-		return true
-	}
-	return false
-}
-
-// running reports whether a process of that comm exists (comm is cut to
-// 15 bytes: systemd-networkd is "systemd-network").
-func running(proc, comm string) bool {
-	comms, _ := filepath.Glob(filepath.Join(proc, "[0-9]*", "comm"))
-	for _, c := range comms {
-		if b, err := os.ReadFile(c); err == nil && strings.TrimSpace(string(b)) == comm {
-			return true
-		}
-	}
-	return false
-}
-
-// WatchDirs are the directories whose changes can change what Networkd
-// finds: each search directory (where networkd.conf lives) and its
-// network and networkd.conf.d. A watcher watches those that exist and
+// WatchDirs are the directories whose changes can change what the
+// hazards are: networkd's and udev's search path (networkd.conf and its
+// drop-ins, .network and .link files and their drop-in directories),
+// and ifupdown's /etc/network. A watcher watches those that exist and
 // finds the others at its next periodic look.
 func (p Paths) WatchDirs() []string {
 	var out []string
-	for _, d := range SearchDirs {
-		out = append(out, p.path(d), p.path(d, "network"), p.path(d, "networkd.conf.d"))
+	for _, d := range confDirs(0) {
+		out = append(out, p.path(d, "systemd"), p.path(d, "systemd/network"), p.path(d, "systemd/networkd.conf.d"))
 	}
-	return out
+	out = append(out, p.path("/lib/systemd"), p.path("/lib/systemd/network"))
+	out = append(out, p.path("etc/network"), p.path("etc/network/interfaces.d"))
+	return slices.Compact(out)
 }

@@ -10,13 +10,9 @@ import (
 
 // tree writes a fixture root: files by path relative to it; a value
 // "->TARGET" makes a symlink.
-func tree(t *testing.T, files map[string]string, networkdRuns bool) Paths {
+func tree(t *testing.T, files map[string]string) Paths {
 	t.Helper()
 	root := t.TempDir()
-	if networkdRuns {
-		files["proc/412/comm"] = "systemd-network\n"
-	}
-	files["proc/1/comm"] = "systemd\n"
 	for rel, body := range files {
 		p := filepath.Join(root, rel)
 		os.MkdirAll(filepath.Dir(p), 0o755)
@@ -53,30 +49,53 @@ func TestNetworkdSettings(t *testing.T) {
 		files map[string]string
 		runs  bool
 		want  []string // the keys reported, in order
+		// version is systemd's (0: 252)
+		version int
 	}{
-		{"networkd not running", map[string]string{}, false, nil},
-		{"defaults", map[string]string{}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}},
-		{"both off in /etc/systemd/networkd.conf", map[string]string{"etc/systemd/networkd.conf": off}, true, nil},
-		{"main file only from /usr/lib", map[string]string{"usr/lib/systemd/networkd.conf": off}, true, nil},
-		{"/etc's main file hides /usr/lib's", map[string]string{"etc/systemd/networkd.conf": "[Network]\n", "usr/lib/systemd/networkd.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}},
-		{"a drop-in in /usr/local/lib", map[string]string{"usr/local/lib/systemd/networkd.conf.d/10-x.conf": off}, true, nil},
+		{"networkd not running", map[string]string{}, false, nil, 0},
+		{"defaults", map[string]string{}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 0},
+		{"both off in /etc/systemd/networkd.conf", map[string]string{"etc/systemd/networkd.conf": off}, true, nil, 0},
+		{"main file only from /usr/lib (256 and later)", map[string]string{"usr/lib/systemd/networkd.conf": off}, true, nil, 257},
+		{"/etc's main file hides /usr/lib's", map[string]string{"etc/systemd/networkd.conf": "[Network]\n", "usr/lib/systemd/networkd.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 0},
+		{"a drop-in in /usr/local/lib", map[string]string{"usr/local/lib/systemd/networkd.conf.d/10-x.conf": off}, true, nil, 0},
 		{"drop-ins in file-name order across directories", map[string]string{
 			"etc/systemd/networkd.conf.d/10-off.conf":    off,
 			"usr/lib/systemd/networkd.conf.d/20-on.conf": "[Network]\nManageForeignRoutes=yes\n",
-		}, true, []string{"ManageForeignRoutes"}},
+		}, true, []string{"ManageForeignRoutes"}, 0},
 		{"/etc's drop-in hides /usr/lib's of the same name", map[string]string{
 			"etc/systemd/networkd.conf.d/50-x.conf":     off,
 			"usr/lib/systemd/networkd.conf.d/50-x.conf": "[Network]\nManageForeignRoutes=yes\n",
-		}, true, nil},
+		}, true, nil, 0},
 		{"a drop-in masked by /dev/null", map[string]string{
 			"etc/systemd/networkd.conf":             off,
 			"etc/systemd/networkd.conf.d/50-x.conf": "->/dev/null",
 			"run/systemd/networkd.conf.d/50-x.conf": "[Network]\nManageForeignRoutes=yes\n",
-		}, true, nil},
-		{"other sections do not count", map[string]string{"etc/systemd/networkd.conf": "[DHCPv4]\nManageForeignRoutes=no\n[Network]\nManageForeignRoutingPolicyRules=false\n"}, true, []string{"ManageForeignRoutes"}},
+		}, true, nil, 0},
+		{"other sections do not count", map[string]string{"etc/systemd/networkd.conf": "[DHCPv4]\nManageForeignRoutes=no\n[Network]\nManageForeignRoutingPolicyRules=false\n"}, true, []string{"ManageForeignRoutes"}, 0},
+		// Before 256 the main file is /etc/systemd/networkd.conf only;
+		// from 256 the first of the four directories' (networkd-conf.c).
+		{"252 reads no main file from /usr/lib", map[string]string{"usr/lib/systemd/networkd.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 252},
+		{"255 reads no main file from /usr/lib", map[string]string{"usr/lib/systemd/networkd.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 255},
+		{"256 reads the main file from /usr/lib", map[string]string{"usr/lib/systemd/networkd.conf": off}, true, nil, 256},
+		{"257: /run's main file hides /usr/lib's", map[string]string{"run/systemd/networkd.conf": "[Network]\n", "usr/lib/systemd/networkd.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 257},
+		{"257: an empty /etc main file hides /usr/lib's", map[string]string{"etc/systemd/networkd.conf": "", "usr/lib/systemd/networkd.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 257},
+		// 252 is built with split-usr on Debian: /lib is searched too.
+		{"252: a drop-in in /lib", map[string]string{"lib/systemd/networkd.conf.d/10.conf": off}, true, nil, 252},
+		{"255: no /lib", map[string]string{"lib/systemd/networkd.conf.d/10.conf": off}, true, []string{"ManageForeignRoutingPolicyRules", "ManageForeignRoutes"}, 255},
+		// networkd's parse_boolean(): a value that is not a boolean
+		// leaves the setting as it was (the default yes, or an earlier
+		// file's).
+		{"not a boolean keeps the default", map[string]string{"etc/systemd/networkd.conf": "[Network]\nManageForeignRoutingPolicyRules=maybe\nManageForeignRoutes=off\n"}, true, []string{"ManageForeignRoutingPolicyRules"}, 0},
+		{"not a boolean keeps an earlier file's no", map[string]string{"etc/systemd/networkd.conf": off, "etc/systemd/networkd.conf.d/10.conf": "[Network]\nManageForeignRoutes=nope\n"}, true, nil, 0},
+		{"booleans in any case", map[string]string{"etc/systemd/networkd.conf": "[Network]\nManageForeignRoutingPolicyRules=FALSE\nManageForeignRoutes=N\n"}, true, nil, 0},
+		{"empty value keeps the setting", map[string]string{"etc/systemd/networkd.conf": off, "etc/systemd/networkd.conf.d/10.conf": "[Network]\nManageForeignRoutes=\n"}, true, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hs := Networkd(tree(t, tc.files, tc.runs), nil)
+			v := tc.version
+			if v == 0 {
+				v = 252
+			}
+			hs := Networkd(tree(t, tc.files), System{Networkd: tc.runs, Version: v}, nil)
 			if len(hs) != len(tc.want) {
 				t.Fatalf("got:\n%swant %q", sources(hs), tc.want)
 			}
@@ -88,7 +107,7 @@ func TestNetworkdSettings(t *testing.T) {
 		})
 	}
 	// The source names the file that turned a setting on.
-	hs := Networkd(tree(t, map[string]string{"etc/systemd/networkd.conf": off, "run/systemd/networkd.conf.d/9.conf": "[Network]\nManageForeignRoutes=true\n"}, true), nil)
+	hs := Networkd(tree(t, map[string]string{"etc/systemd/networkd.conf": off, "run/systemd/networkd.conf.d/9.conf": "[Network]\nManageForeignRoutes=true\n"}), System{Networkd: true, Version: 252}, nil)
 	if len(hs) != 1 || !strings.HasSuffix(hs[0].Source, "run/systemd/networkd.conf.d/9.conf") {
 		t.Errorf("source: %s", sources(hs))
 	}
@@ -99,9 +118,9 @@ func TestNetworkdSettings(t *testing.T) {
 // is the one networkd applies; negated and non-matching lists do not.
 func TestNetworkFilesThatCatchOurLinks(t *testing.T) {
 	mac, _ := net.ParseMAC("52:54:00:12:34:56")
-	vlan := Link{Name: "enp1s0.50", Kind: "vlan", MAC: mac}
-	shim := Link{Name: "vlan50-shim", Kind: "macvlan", MAC: net.HardwareAddr{0x02, 1, 2, 3, 4, 5}}
-	wg := Link{Name: "wg0", Kind: "wireguard"}
+	vlan := Predict("enp1s0.50", "vlan", mac)
+	shim := Predict("vlan50-shim", "macvlan", net.HardwareAddr{0x02, 1, 2, 3, 4, 5})
+	wg := Predict("wg0", "wireguard", nil)
 	for _, tc := range []struct {
 		name  string
 		files map[string]string
@@ -114,14 +133,17 @@ func TestNetworkFilesThatCatchOurLinks(t *testing.T) {
 			map[string]string{"enp1s0.50": "usr/lib/systemd/network/10-mac.network"}},
 		{"Kind=macvlan", map[string]string{"run/systemd/network/5-mv.network": "[Match]\nKind=macvlan\n"},
 			map[string]string{"vlan50-shim": "run/systemd/network/5-mv.network"}},
-		{"Type=ether catches VLAN and macvlan, not WireGuard", map[string]string{"etc/systemd/network/99-all.network": "[Match]\nType=ether\n"},
-			map[string]string{"enp1s0.50": "etc/systemd/network/99-all.network", "vlan50-shim": "etc/systemd/network/99-all.network"}},
+		// networkd takes the udev DEVTYPE first: a VLAN's Type= is vlan,
+		// not ether (this case used to assert the VLAN was caught).
+		{"Type=ether catches the macvlan, not the VLAN or WireGuard", map[string]string{"etc/systemd/network/99-all.network": "[Match]\nType=ether\n"},
+			map[string]string{"vlan50-shim": "etc/systemd/network/99-all.network"}},
 		{"a negated list catches what it does not name", map[string]string{"etc/systemd/network/10-x.network": "[Match]\nName=!enp1s0.50 wg0\n"},
 			map[string]string{"vlan50-shim": ""}},
 		{"every key must match", map[string]string{"etc/systemd/network/10-x.network": "[Match]\nName=en*\nKind=macvlan\n"}, nil},
 		{"a Path= match is not ours", map[string]string{"etc/systemd/network/10-x.network": "[Match]\nName=*\nPath=pci-0000:01:00.0\n"}, nil},
-		{"an empty [Match] matches everything", map[string]string{"etc/systemd/network/10-x.network": "[Match]\n[Network]\nDHCP=yes\n"},
-			map[string]string{"enp1s0.50": "etc/systemd/network/10-x.network", "vlan50-shim": "etc/systemd/network/10-x.network", "wg0": "etc/systemd/network/10-x.network"}},
+		// "No valid settings found in the [Match] section, ignoring
+		// file" (this case used to assert it matched everything).
+		{"an empty [Match] is ignored", map[string]string{"etc/systemd/network/10-x.network": "[Match]\n[Network]\nDHCP=yes\n"}, nil},
 		{"the first file in name order wins, across directories", map[string]string{
 			"usr/lib/systemd/network/05-first.network": "[Match]\nName=enp1s0.*\n",
 			"etc/systemd/network/10-second.network":    "[Match]\nName=en*\n",
@@ -141,14 +163,14 @@ func TestNetworkFilesThatCatchOurLinks(t *testing.T) {
 			for k, v := range tc.files {
 				files[k] = v
 			}
-			p := tree(t, files, true)
-			hs := Networkd(p, []Link{vlan, shim, wg})
+			p := tree(t, files)
+			hs := Networkd(p, System{Networkd: true, Udev: true, Version: 252}, []Link{vlan, shim, wg})
 			got := map[string]string{}
 			for _, h := range hs {
 				for _, l := range []string{"enp1s0.50", "vlan50-shim", "wg0"} {
 					if strings.Contains(h.What, "link "+l+",") {
 						got[l] = strings.TrimPrefix(h.Source, p.Root+"/")
-						if !strings.Contains(h.Fix, "Name=!"+l) {
+						if !strings.Contains(h.Fix, "Name=!"+l) || !strings.Contains(h.Fix, "Unmanaged=yes") {
 							t.Errorf("fix for %s: %s", l, h.Fix)
 						}
 					}

@@ -11,7 +11,9 @@ package host
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -44,6 +46,102 @@ type Host struct {
 	// AddrProto reports whether the kernel keeps IFA_PROTO on addresses
 	// (Linux 6.1 and later).
 	AddrProto bool
+
+	oursMu sync.Mutex
+	// ours are the links last seen as nodeagent's, by ifindex; lost
+	// those of them gone since, by name, with when (Owned).
+	ours map[int]Link
+	lost map[string]lostLink
+}
+
+// lostLink is a link of nodeagent's that went, and when it was seen gone.
+type lostLink struct {
+	Link
+	at time.Time
+}
+
+// ReclaimWindow is how soon after nodeagent's link went another program
+// may make one just like it in its place and have it taken for
+// nodeagent's: ifupdown's `systemctl restart networking` deletes a VLAN
+// named in a stanza (ifdown) and makes it again at once (ifup).
+const ReclaimWindow = 10 * time.Second
+
+// Owned reports whether l is nodeagent's: its alias is LinkAlias; or it is
+// to be marked again (interrupted): it was born with CreatingGroup and is
+// not marked yet; it was seen as nodeagent's under this index and name and
+// its alias has been changed since by another program (udev's Alias=, an
+// ifupdown description); or it takes the place of a link of
+// nodeagent's that went within ReclaimWindow, with its name, kind, parent
+// and VLAN id or macvlan mode (made again by ifup). why says which of the
+// last two ("" for the others). The kernel
+// gives no new link the index of one that exists, and reuses none unasked,
+// so an index and name seen as nodeagent's stay nodeagent's however the
+// alias changes. Owned is asked about the links of a whole dump, after
+// LinksDumped, and followed by Seen with what it found.
+func (h *Host) Owned(l Link) (owned, interrupted bool, why string) {
+	if l.Alias == LinkAlias {
+		return true, false, ""
+	}
+	if l.Group == CreatingGroup {
+		return true, true, ""
+	}
+	if l.Name == "" {
+		return false, false, ""
+	}
+	h.oursMu.Lock()
+	defer h.oursMu.Unlock()
+	if o, ok := h.ours[l.Index]; ok && o.Name == l.Name {
+		return true, true, RemarkAlias
+	}
+	if g, ok := h.lost[l.Name]; ok && time.Since(g.at) < ReclaimWindow && g.Kind == l.Kind && g.ParentIndex == l.ParentIndex &&
+		g.VLANID == l.VLANID && g.MacvlanMode == l.MacvlanMode && (l.Kind == "vlan" || l.Kind == "macvlan") {
+		return true, true, RemarkRemade
+	}
+	return false, false, ""
+}
+
+// Why Owned says a link is nodeagent's without its mark.
+const (
+	RemarkAlias  = "another program changed its alias, nodeagent's mark"
+	RemarkRemade = "another program made it again in the place of nodeagent's, moments after that went"
+)
+
+// LinksDumped tells the memory of Owned what a whole link dump holds, before
+// Owned is asked about its links: a link seen as nodeagent's before that
+// is not there went now.
+func (h *Host) LinksDumped(links []Link) {
+	h.oursMu.Lock()
+	defer h.oursMu.Unlock()
+	now := time.Now()
+	for name, g := range h.lost {
+		if now.Sub(g.at) >= ReclaimWindow {
+			delete(h.lost, name)
+		}
+	}
+	present := make(map[int]string, len(links))
+	for _, l := range links {
+		present[l.Index] = l.Name
+	}
+	for idx, l := range h.ours {
+		if name, ok := present[idx]; !ok || name != l.Name {
+			if _, ok := h.lost[l.Name]; !ok && name == "" {
+				if h.lost == nil {
+					h.lost = map[string]lostLink{}
+				}
+				h.lost[l.Name] = lostLink{Link: l, at: now}
+			}
+		}
+	}
+}
+
+// Seen records which links of the dump are nodeagent's (by index).
+func (h *Host) Seen(ours map[int]Link) {
+	h.oursMu.Lock()
+	defer h.oursMu.Unlock()
+	for _, l := range ours {
+		delete(h.lost, l.Name)
+	}
+	h.ours = ours
 }
 
 // Current returns a Host for the namespace of the calling process.
@@ -184,3 +282,10 @@ func (e *PendingError) Error() string { return "pending: " + e.Reason }
 type SkippedError struct{ Reason string }
 
 func (e *SkippedError) Error() string { return e.Reason }
+
+// HeldError is a repair held back on purpose: another program keeps
+// changing the object, and nodeagent repairs it less often rather than
+// fight (agent/fight). It is reported, not a failure.
+type HeldError struct{ Reason string }
+
+func (e *HeldError) Error() string { return "held: " + e.Reason }

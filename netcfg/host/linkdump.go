@@ -22,6 +22,9 @@ type Link struct {
 	VLANID       int
 	MacvlanMode  uint32 // the kernel's MACVLAN_MODE_* value
 	HardwareAddr net.HardwareAddr
+	// AltNames are its alternative names (IFLA_PROP_LIST): systemd-
+	// networkd's Name= matches them as it matches the name.
+	AltNames []string
 }
 
 // rtextFilterSkipStats is RTEXT_FILTER_SKIP_STATS (linux/rtnetlink.h).
@@ -69,6 +72,17 @@ func parseLink(m []byte) (Link, error) {
 			l.Group = native.Uint32(v)
 		case unix.IFLA_ADDRESS:
 			l.HardwareAddr = net.HardwareAddr(append([]byte(nil), v...))
+		case unix.IFLA_PROP_LIST | unix.NLA_F_NESTED, unix.IFLA_PROP_LIST:
+			// The kernel marks this nest NLA_F_NESTED (nla_nest_start).
+			props, err := nl.ParseRouteAttr(v)
+			if err != nil {
+				return l, err
+			}
+			for _, p := range props {
+				if p.Attr.Type&nl.NLA_TYPE_MASK == unix.IFLA_ALT_IFNAME {
+					l.AltNames = append(l.AltNames, unix.ByteSliceToString(p.Value))
+				}
+			}
 		case unix.IFLA_LINKINFO:
 			info, err := nl.ParseRouteAttr(v)
 			if err != nil {

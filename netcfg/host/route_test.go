@@ -42,6 +42,32 @@ func TestRouteList(t *testing.T) {
 	}
 }
 
+// TestLinkListAltNames: the link dump carries a link's alternative names
+// (IFLA_PROP_LIST, a nest the kernel flags NLA_F_NESTED), which networkd's
+// Name= matches as it matches the name.
+func TestLinkListAltNames(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	ns.Exec(t, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	ns.Exec(t, "ip", "link", "property", "add", "dev", "d0", "altname", "trunk50")
+	ns.Exec(t, "ip", "link", "property", "add", "dev", "d0", "altname", "a-much-longer-alternative-name")
+	ls, err := ns.Host.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		switch l.Name {
+		case "d0":
+			if !slices.Equal(l.AltNames, []string{"trunk50", "a-much-longer-alternative-name"}) {
+				t.Errorf("d0's alternative names %q", l.AltNames)
+			}
+		case "d1":
+			if l.AltNames != nil {
+				t.Errorf("d1's alternative names %q", l.AltNames)
+			}
+		}
+	}
+}
+
 // TestRouteListFromAndExtra: RouteListAll reads what vishvananda/netlink
 // does not: an IPv6 route's source prefix (RTA_SRC) and the route metrics
 // and other attributes nodeagent's routes cannot say.

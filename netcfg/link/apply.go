@@ -64,6 +64,29 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 				index[o.Link], mac[o.Link] = l.Index, l.HardwareAddr
 				s.Created(o.Link, l.Index)
 			}
+		case OpRenameLink:
+			// The kernel renames a link only while it is down.
+			if o.Old.Up {
+				h.Wrote(1)
+				err = h.NL().LinkSetDown(device(o.Old.Index))
+			}
+			if err == nil {
+				err = h.LinkRenameMark(o.Old.Index, o.Link)
+			}
+			if o.Old.Up {
+				h.Wrote(1)
+				if uerr := h.NL().LinkSetUp(device(o.Old.Index)); err == nil {
+					err = uerr
+				}
+			}
+			if err != nil {
+				broken[o.Link] = err
+			} else {
+				delete(index, o.Old.Name)
+				index[o.Link] = o.Old.Index
+				s.Deleted(o.Old.Name)
+				s.Created(o.Link, o.Old.Index)
+			}
 		case OpAdoptLink:
 			if err = h.LinkMark(o.Old.Index); err != nil {
 				broken[o.Link] = err

@@ -97,9 +97,14 @@ type ObservedLink struct {
 	Up     bool
 	Owned  bool
 	// Interrupted reports a link nodeagent created but did not get to mark:
-	// it still has host.CreatingGroup and no alias.
+	// it still has host.CreatingGroup and no alias; or one that is
+	// nodeagent's for another reason, Remark (host.Owned).
 	Interrupted bool
+	Remark      string
 	Addrs       []ObservedAddr
+	// AltNames are its alternative names (the neighbour checks read them:
+	// networkd's Name= matches them too).
+	AltNames []string
 }
 
 // ObservedAddr is one address on an observed link.
@@ -153,6 +158,7 @@ type OpKind int
 // The operations a plan is made of, in the order Apply runs them.
 const (
 	OpDeleteLink OpKind = iota // removed from config, or recreated
+	OpRenameLink               // nodeagent's link renamed by another program: its name given back
 	OpCreateLink
 	OpAdoptLink
 	OpSetMAC
@@ -239,8 +245,12 @@ func (o Op) String() string {
 		}
 	case OpCreateLink:
 		s = fmt.Sprintf("link %s (%s)", o.Link, describe(o.Desired))
+	case OpRenameLink:
+		s = fmt.Sprintf("link %s (%s): rename back from %s, which another program named it", o.Link, describe(o.Desired), o.Old.Name)
 	case OpAdoptLink:
-		if o.Old.Interrupted {
+		if o.Old.Remark != "" {
+			s = fmt.Sprintf("link %s mark (%s)", o.Link, o.Old.Remark)
+		} else if o.Old.Interrupted {
 			s = fmt.Sprintf("link %s mark (its creation was interrupted)", o.Link)
 		} else {
 			s = fmt.Sprintf("link %s adopt (mark as nodeagent's)", o.Link)

@@ -32,10 +32,18 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 	}
 	o := Observed{Links: map[string]ObservedLink{}, MACs: map[int]net.HardwareAddr{}}
 	keep := map[int]string{}
+	h := s.Host()
+	h.LinksDumped(links)
+	ours := map[int]host.Link{}
 	for _, l := range links {
 		o.MaxIndex = max(o.MaxIndex, l.Index)
-		interrupted := l.Alias != host.LinkAlias && l.Group == host.CreatingGroup
-		owned := l.Alias == host.LinkAlias || interrupted
+		// Born with the in-flight group and not marked yet, or seen as
+		// nodeagent's and its alias changed since by another program:
+		// nodeagent's, to be marked again.
+		owned, interrupted, remark := h.Owned(l)
+		if owned {
+			ours[l.Index] = l
+		}
 		if !owned && !named[l.Name] {
 			continue
 		}
@@ -43,10 +51,11 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		o.Links[l.Name] = ObservedLink{
 			Index: l.Index, Name: l.Name, Kind: l.Kind, Parent: byIndex[l.ParentIndex],
 			VLANID: l.VLANID, Mode: modeName(l), MTU: l.MTU, Up: l.Up,
-			Owned: owned, Interrupted: interrupted,
+			Owned: owned, Interrupted: interrupted, Remark: remark, AltNames: l.AltNames,
 		}
 		keep[l.Index] = l.Name
 	}
+	h.Seen(ours)
 	if len(keep) == 0 {
 		return o, nil
 	}
@@ -54,7 +63,6 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 	if err != nil {
 		return Observed{}, err
 	}
-	h := s.Host()
 	// Each address seen as nodeagent's is remembered, so that a re-add of
 	// it soon after takes the quick check (claims.go).
 	mem, now := claimsOf(h), time.Now()

@@ -15,6 +15,27 @@ func MakePlan(d Desired, o Observed) Plan {
 	for _, l := range d.Links {
 		want[l.Name] = l
 	}
+	renamed := renamedLinks(d, o, want)
+	if len(renamed) > 0 {
+		// The links are planned as if each had its name already: the
+		// rename op runs first.
+		links := maps.Clone(o.Links)
+		for _, name := range slices.Sorted(maps.Keys(renamed)) {
+			ol := renamed[name]
+			ops = append(ops, Op{Kind: OpRenameLink, Link: name, Desired: want[name], Old: ol})
+			delete(links, ol.Name)
+			// Its children follow it: the kernel knows them by index.
+			for cn, cl := range links {
+				if cl.Parent == ol.Name {
+					cl.Parent = name
+					links[cn] = cl
+				}
+			}
+			ol.Name = name
+			links[name] = ol
+		}
+		o.Links = links
+	}
 	for _, name := range slices.Sorted(maps.Keys(o.Links)) {
 		ol := o.Links[name]
 		if _, ok := want[name]; !ok && ol.Owned && ours(ol.Kind) {
@@ -36,6 +57,44 @@ func MakePlan(d Desired, o Observed) Plan {
 		return order(a) - order(b)
 	})
 	return Plan{Ops: ops, Desired: d, Observed: o}
+}
+
+// renamedLinks finds nodeagent's links another program renamed: a
+// configured link that is missing, and a link of nodeagent's that the
+// config does not name with its kind, parent and identity (a VLAN's id, a
+// macvlan's mode and configured address). udev does that on a link's
+// "add" event when a .link file's Name= catches it. Deleting it and making
+// it again would only make another add event, and another rename: it is
+// given its name back instead, which a rename (udev's "move" event) does
+// not undo. The result maps the configured name to the link found.
+func renamedLinks(d Desired, o Observed, want map[string]Link) map[string]ObservedLink {
+	var out map[string]ObservedLink
+	taken := map[string]bool{}
+	for _, l := range d.Links {
+		if _, ok := o.Links[l.Name]; ok {
+			continue
+		}
+		for _, name := range slices.Sorted(maps.Keys(o.Links)) {
+			ol := o.Links[name]
+			if _, configured := want[name]; configured || taken[name] || !ol.Owned || ol.Kind != string(l.Kind) || ol.Parent != l.Parent {
+				continue
+			}
+			same := l.Kind == VLAN && ol.VLANID == l.VLANID
+			if l.Kind == Macvlan {
+				same = (l.Mode == "" || l.Mode == ol.Mode) && (l.MAC == nil || bytes.Equal(o.MACs[ol.Index], l.MAC))
+			}
+			if !same {
+				continue
+			}
+			if out == nil {
+				out = map[string]ObservedLink{}
+			}
+			out[l.Name] = ol
+			taken[name] = true
+			break
+		}
+	}
+	return out
 }
 
 // order sorts ops of one kind: children are deleted before their parents

@@ -65,6 +65,19 @@ func TestMakePlan(t *testing.T) {
 				ObservedLink{Index: 8, Name: "vlan50-shim", Kind: "macvlan", Parent: "enp1s0.50", Mode: "bridge", Up: true},
 				ObservedLink{Index: 9, Name: "inner", Kind: "macvlan", Parent: "enp1s0", Mode: "bridge", Up: true, Owned: true})},
 			"- link inner (macvlan on enp1s0): recreate: parent enp1s0 -> enp1s0.50 (vlan50-shim's parent: a macvlan on a macvlan is on that one's parent)\n+ link inner (macvlan bridge on vlan50-shim, up)\n"},
+		// udev's .link Name= renamed our VLAN when it appeared: it is given
+		// its name back (and its child follows it), never deleted and made
+		// again, which would only be renamed again.
+		{"a renamed link of ours is renamed back", []Link{v50, shim}, Observed{Links: links(trunk,
+			withObs(v50obs, func(l *ObservedLink) { l.Name = "vlan50" }),
+			ObservedLink{Index: 8, Name: "vlan50-shim", Kind: "macvlan", Parent: "vlan50", Mode: "bridge", Up: true, Owned: true, Addrs: []ObservedAddr{{Prefix: pfx("10.10.50.3/32"), Owned: true}}})},
+			"~ link enp1s0.50 (vlan 50 on enp1s0, mtu 1500, up): rename back from vlan50, which another program named it\n"},
+		{"a renamed link that is not the configured one is not taken", []Link{v50}, Observed{Links: links(trunk,
+			withObs(v50obs, func(l *ObservedLink) { l.Name, l.VLANID = "vlan51", 51 }))},
+			"- link vlan51 (vlan 51 on enp1s0)\n+ link enp1s0.50 (vlan 50 on enp1s0, mtu 1500, up)\n+ address 10.10.50.1/24 on enp1s0.50\n"},
+		{"a foreign link is never renamed", []Link{v50}, Observed{Links: links(trunk,
+			withObs(v50obs, func(l *ObservedLink) { l.Name, l.Owned = "vlan50", false }))},
+			"+ link enp1s0.50 (vlan 50 on enp1s0, mtu 1500, up)\n+ address 10.10.50.1/24 on enp1s0.50\n"},
 		{"missing parent is pending", []Link{v50}, Observed{Links: links()},
 			"! link enp1s0.50: pending: parent enp1s0 does not exist\n"},
 		{"a shim on a pending VLAN is pending too", []Link{v50, shim}, Observed{Links: links()},

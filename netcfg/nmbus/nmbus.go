@@ -257,15 +257,7 @@ func (c *Conn) Subscribe(ctx context.Context) error {
 // Owner is the unique bus name of the running NetworkManager, which
 // changes when it restarts; "" when it is not running.
 func (c *Conn) Owner(ctx context.Context) (string, error) {
-	var owner string
-	err := c.call(ctx, c.c.BusObject(), busName+".GetNameOwner", Service).Store(&owner)
-	if err != nil {
-		if dbusErrorName(err) == errNoOwner {
-			return "", nil
-		}
-		return "", fmt.Errorf("who owns %s: %w", Service, bound(err))
-	}
-	return clip(owner), nil
+	return c.NameOwner(ctx, Service)
 }
 
 // Devices reads what NetworkManager holds of each of names (at most

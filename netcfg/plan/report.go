@@ -79,8 +79,8 @@ func (e Entry) Skipped() bool {
 }
 
 // Failed reports whether the entry failed: an error that is neither
-// pending nor skipped.
-func (e Entry) Failed() bool { return e.Err != nil && !e.Pending() && !e.Skipped() }
+// pending, skipped nor held.
+func (e Entry) Failed() bool { return e.Err != nil && !e.Pending() && !e.Skipped() && !e.Held() }
 
 // Writes reports whether the entry is a change (as opposed to a report).
 func (e Entry) Writes() bool { return e.Action != NotApplied }
@@ -189,4 +189,29 @@ func Applied[O any](sub string, r Report, before O, observe func() (O, error)) (
 // could not be read), not with one of its ops; err names the subsystem.
 func Failure(sub string, err error) Entry {
 	return Entry{Subsystem: sub, Kind: sub, Action: NotApplied, Object: sub, Text: "! " + err.Error(), Err: err}
+}
+
+// Held reports whether the entry was held back (a fight: agent/fight):
+// not applied this sync, on purpose, and not a failure.
+func (e Entry) Held() bool {
+	var he *host.HeldError
+	return errors.As(e.Err, &he)
+}
+
+// Hold splits ops into those kept and those held (held says which, from
+// their entry); the held come back as entries that did not apply, their
+// error a host.HeldError with why.
+func Hold[O Entrier](ops []O, held func(Entry) bool, why string) (kept []O, out Report) {
+	for _, o := range ops {
+		e := o.Entry()
+		if e.Writes() && held(e) {
+			e.Action = NotApplied
+			e.Text = "! " + strings.TrimLeft(e.Text, "+~-! ") + ": held: " + why
+			e.Err = fmt.Errorf("%s: %w", e.Object, &host.HeldError{Reason: why})
+			out = append(out, e)
+			continue
+		}
+		kept = append(kept, o)
+	}
+	return kept, out
 }

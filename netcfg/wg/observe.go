@@ -42,8 +42,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 	keep := map[int]string{}
 	for _, l := range links {
 		o.MaxIndex = max(o.MaxIndex, l.Index)
-		interrupted := l.Alias != host.LinkAlias && l.Group == host.CreatingGroup
-		owned := l.Alias == host.LinkAlias || interrupted
+		owned, interrupted, _ := s.Host().Owned(l)
 		impl := ""
 		switch {
 		case l.Kind == "wireguard":

@@ -266,16 +266,17 @@ kill -INT "$vping" "$cping"
 wait "$vping" "$cping" 2>/dev/null
 grep 'packets transmitted' /root/adopt-vlan.ping | sed 's/^/    VLAN host: /'
 grep 'packets transmitted' /root/adopt-client.ping | sed 's/^/    remote client: /'
-# lost counts the echo requests that got no reply, but for the last one
-# sent, whose reply may be on its way when ping is stopped (its summary
-# counts it lost).
-lost() {
-	awk '/icmp_seq=/ {sub(/.*icmp_seq=/, ""); sub(/ .*/, ""); got[$0] = 1}
-		/packets transmitted/ {sent = $1}
-		END {n = 0; for (i = 1; i < sent; i++) if (!(i in got)) n++; print n}' "$1"
-}
+# lost FILE: the echoes that got no reply before a later one did (a gap in
+# the icmp_seq of the replies). The last one or two may still be in flight
+# when ping is stopped: under load (TCG) an echo takes longer than the
+# 50 ms between two, and ping then counts it lost; that is not a loss of
+# the path, and is printed apart.
+lost() { awk -F'icmp_seq=' '/icmp_seq=/ {split($2, a, " "); s = a[1] + 0; n++; if (s > max) max = s} END {print max - n}' "$1"; }
+inflight() { awk -F'icmp_seq=' '/icmp_seq=/ {split($2, a, " "); if (a[1] + 0 > max) max = a[1] + 0} /packets transmitted/ {sent = $1 + 0} END {print sent - max}' "$1"; }
+echo "    in flight when stopped (not counted): VLAN host $(inflight /root/adopt-vlan.ping), remote client $(inflight /root/adopt-client.ping)"
 check vlan-host-no-loss test "$(lost /root/adopt-vlan.ping)" = 0
 check client-no-loss test "$(lost /root/adopt-client.ping)" = 0
+check at-most-two-in-flight test "$(inflight /root/adopt-vlan.ping)" -le 2 -a "$(inflight /root/adopt-client.ping)" -le 2
 check late-peer-kept sh -c "wg show wg-pod peers | grep -q '$late_peer'"
 
 # --- item 2: the client roams after the take-over and after two resyncs ---

@@ -1,4 +1,4 @@
-package agent
+package neighbours
 
 import (
 	"bytes"
@@ -122,7 +122,7 @@ func TestNMWatch(t *testing.T) {
 		t.Error("changed was not called")
 	}
 	hz := w.hazards(links)[0]
-	want := hazard.Hazard{Source: "NetworkManager",
+	want := hazard.Hazard{Source: "NetworkManager", Manager: "NetworkManager", Link: "trunk1.50",
 		What: `holds nodeagent's link trunk1.50 as its connection "trunk1.50" (external) again after it was asked to leave it unmanaged; a reapply replaces nodeagent's addresses`,
 		Fix:  "unmanaged-devices=interface-name:trunk1.50 under [keyfile] in /etc/NetworkManager/conf.d/nodeagent.conf (example in /usr/share/doc/nodeagent/examples/NetworkManager/conf.d/), then systemctl reload NetworkManager",
 	}

@@ -1,4 +1,4 @@
-package agent
+package neighbours
 
 import (
 	"bytes"
@@ -18,18 +18,18 @@ import (
 // hazard explains is logged once per kind.
 func TestRepairCausesLoggedOncePerCause(t *testing.T) {
 	var buf bytes.Buffer
-	d := &Daemon{log: slog.New(slog.NewTextHandler(&buf, nil))}
-	d.hazardsFound = []hazard.Hazard{
+	d := &Neighbours{o: Options{Log: slog.New(slog.NewTextHandler(&buf, nil))}}
+	d.found = []hazard.Hazard{
 		{Source: "systemd-networkd (default)", What: "ManageForeignRoutingPolicyRules=yes deletes rules", Fix: "set it to no", Kinds: []string{"rule"}},
 		{Source: "systemd-networkd (default)", What: "ManageForeignRoutes=yes deletes routes", Fix: "set it to no", Kinds: []string{"route"}},
 	}
 	for range 5 {
-		d.repairCauses(map[string]int{"rule": 2, "route": 2})
+		d.Causes(map[string]int{"rule": 2, "route": 2})
 	}
-	if !d.repairCauses(map[string]int{"nftables": 1}) {
+	if !d.Causes(map[string]int{"nftables": 1}) {
 		t.Error("an unexplained kind seen for the first time was not logged")
 	}
-	if d.repairCauses(map[string]int{"nftables": 3, "rule": 1}) {
+	if d.Causes(map[string]int{"nftables": 3, "rule": 1}) {
 		t.Error("causes already logged were logged again")
 	}
 	out := buf.String()

@@ -1,4 +1,4 @@
-package agent
+package neighbours
 
 import (
 	"context"
@@ -90,8 +90,10 @@ func (w *nmWatch) hazards(links []string) []hazard.Hazard {
 			continue
 		}
 		out = append(out, hazard.Hazard{
-			Source: "NetworkManager",
-			What:   what,
+			Source:  "NetworkManager",
+			Manager: "NetworkManager",
+			Link:    name,
+			What:    what,
 			Fix: "unmanaged-devices=interface-name:" + name + " under [keyfile] in /etc/NetworkManager/conf.d/nodeagent.conf " +
 				"(example in /usr/share/doc/nodeagent/examples/NetworkManager/conf.d/), then systemctl reload NetworkManager",
 			Kinds: []string{"address", "route"},
