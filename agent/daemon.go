@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
 	"github.com/nodeagent/nodeagent/agent/clientapi"
+	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/hookrun"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/metrics"
@@ -99,6 +101,13 @@ type Daemon struct {
 	// labeler labels the Node in its own goroutine: labels are eventually
 	// consistent and never hold up networking.
 	labeler *kube.Labeler
+	// role is the gateway role (nil without one); roleStop ends it, and
+	// roleKey is the config it runs with (the loop's alone). runCtx is
+	// Run's, which the role's goroutines live in.
+	role     *gateway.Role
+	roleStop context.CancelFunc
+	roleKey  string
+	runCtx   context.Context
 	// wgStatus makes the status's WireGuard devices (the loop's alone).
 	wgStatus wgStatus
 	// kicked holds the triggers kickNow was given since the loop last
@@ -286,7 +295,7 @@ func NewDaemon(o RunOptions) (*Daemon, error) {
 	}
 	d.labeler = kube.New(kc, d.log)
 	d.us = wg.NewUserspace(d.log.With("subsystem", "wireguard"))
-	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us}
+	d.cv = &netcfg.Converger{Host: d.host, Log: d.log, Userspace: d.us, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}
 	d.setCondition(api.CondReady, api.False, "Starting", "the first sync has not finished")
 	return d, nil
 }
@@ -374,6 +383,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.labeler.Run(ctx)
 	}()
 	d.portPublisher().Start(ctx)
+	d.runCtx = ctx
+	d.setRole()
 	err = d.loop(ctx, sig)
 	d.stopHooks()
 	return err

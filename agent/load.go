@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/agent/gateway"
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/agent/saveguard"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -313,10 +315,58 @@ func (d *Daemon) reload(why trigger) {
 		if kc, err := kube.FromConfig(d.cfg); err == nil && d.labeler != nil {
 			d.labeler.SetConfig(kc)
 		}
+		d.setRole()
 		if d.files != nil {
 			d.files.set(d.peerDirs(), d.keyFiles(), d.log)
 		}
 	}
+}
+
+// setRole starts, replaces or stops the gateway role as the config says.
+// A changed gateway section restarts the role's election (a holder
+// releases the Lease, and the role may move); an unchanged one keeps it.
+func (d *Daemon) setRole() {
+	if d.runCtx == nil {
+		return // before Run: it starts the role
+	}
+	key := ""
+	if g := d.cfg.Gateway; g != nil {
+		key = fmt.Sprintf("%+v|%s|%s", *g, d.cfg.Node.Name, d.cfg.Kubernetes.Kubeconfig)
+	}
+	if key == d.roleKey && (d.role != nil || key == "") {
+		return
+	}
+	if d.role != nil {
+		d.roleStop()
+		d.metrics.Registry.Unregister(d.role.Collector())
+		d.role, d.roleStop = nil, nil
+	}
+	d.roleKey = key
+	if key == "" {
+		d.removeCondition(api.CondGatewayRole)
+		d.mu.Lock()
+		d.status.Gateway = nil
+		d.mu.Unlock()
+		return
+	}
+	cfg, err := gateway.FromConfig(d.cfg, d.host, d.log, func() { d.kickNow(trigProvider) })
+	var r *gateway.Role
+	if err == nil {
+		r, err = gateway.New(cfg)
+	}
+	if err != nil {
+		d.roleKey = "" // tried again at the next reload
+		d.log.Error("gateway role cannot start", "role", d.cfg.Gateway.Name, "err", err)
+		d.setCondition(api.CondGatewayRole, api.False, "CannotStart", err.Error())
+		d.refreshHealth()
+		return
+	}
+	// Not Run's context: a stop hands the role over before its
+	// goroutines end (the loop calls HandOver, then roleStop).
+	ctx, cancel := context.WithCancel(context.Background())
+	d.role, d.roleStop = r, cancel
+	d.metrics.Registry.MustRegister(r.Collector())
+	r.Start(ctx)
 }
 
 // errWriting: the config file is being written; a resync leaves it, and

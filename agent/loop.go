@@ -180,6 +180,15 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		select {
 		case <-ctx.Done():
 			d.notify.Stopping()
+			if d.role != nil {
+				// The role is handed over: its labels and addresses
+				// go, then its Lease, so a standby takes it at once
+				// rather than after the Lease runs out.
+				hctx, cancel := context.WithTimeout(context.Background(), handOverBound)
+				d.role.HandOver(hctx, func(c context.Context) error { return d.sync(c, trigProvider) })
+				cancel()
+				d.roleStop()
+			}
 			d.log.Info("stopping; kernel state left in place")
 			return nil
 		case <-watchdog:
@@ -286,6 +295,10 @@ func (d *Daemon) loop(ctx context.Context, sig <-chan os.Signal) error {
 		}
 	}
 }
+
+// handOverBound bounds a stop's hand-over of the gateway role (systemd's
+// stop timeout is longer).
+const handOverBound = 10 * time.Second
 
 // pollResult is what a WireGuard poll found and when the next is due.
 type pollResult struct {

@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -140,7 +141,7 @@ func Plan(ctx context.Context, w io.Writer, o Options) error {
 		return err
 	}
 	defer h.Close()
-	cv := &netcfg.Converger{Host: h}
+	cv := &netcfg.Converger{Host: h, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}
 	defer cv.Close()
 	pd := planPIA(c, d, o)
 	pd.Nft = guardDNS(c, pd.Nft)
@@ -199,7 +200,7 @@ func ApplyOnce(ctx context.Context, w io.Writer, log *slog.Logger, o Options) er
 	for _, warn := range networkdHazards(h, d) {
 		log.Warn(warn)
 	}
-	cv := &netcfg.Converger{Host: h, Log: log}
+	cv := &netcfg.Converger{Host: h, Log: log, StateDir: cmp.Or(o.StateDir, pia.DefaultStateDir)}
 	defer cv.Close()
 	// Plan once; apply exactly that plan. A device that only the
 	// userspace implementation could run needs a long-running process to

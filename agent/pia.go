@@ -19,6 +19,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 )
@@ -142,10 +143,7 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 			delete(d.pia, name)
 		}
 	}
-	devs := map[string]portfwd.Device{}
 	for name, s := range setups {
-		pf := s.pf
-		devs[name] = portfwd.Device{Enabled: pf.Enabled, Argv: slices.Clone(pf.OnChange), Timeout: pf.HookTimeoutOrDefault(), Every: pf.HookEvery()}
 		if t, ok := d.pia[name]; ok && t.id == s.id && t.err == nil && s.err == nil {
 			// The node's prefixes may have moved; a registration that
 			// now takes one of them is given up.
@@ -171,7 +169,21 @@ func (d *Daemon) setPIA(setups map[string]piaSetup) {
 	for name := range d.pia {
 		d.piaDevices[name] = true
 	}
-	d.portPublisher().Configure(devs)
+	d.portPublisher().Configure(d.portDevices())
+}
+
+// portDevices is the PIA devices' port forwarding as the ports' publisher
+// takes it. A device standing by for a gateway role another node holds
+// forwards no port here: no port file, no series, no hook (the port is
+// the holder's, whose hook delivers it).
+func (d *Daemon) portDevices() map[string]portfwd.Device {
+	devs := make(map[string]portfwd.Device, len(d.pia))
+	for name, t := range d.pia {
+		pf := t.pf
+		standby := t.p != nil && t.p.Standby()
+		devs[name] = portfwd.Device{Enabled: pf.Enabled && !standby, Argv: slices.Clone(pf.OnChange), Timeout: pf.HookTimeoutOrDefault(), Every: pf.HookEvery()}
+	}
+	return devs
 }
 
 // portPublisher is the daemon's ports publisher, made at the first load.
@@ -219,12 +231,31 @@ func (d *Daemon) withPIA(des netcfg.Desired) netcfg.Desired {
 			des.Nft = t.firewall(dev.Name, des.Nft, 0, pia.DefaultDNS)
 		default:
 			des.WG.Devices[i] = t.p.Device(dev)
+			des.Route.Routes = routesWait(des.Route.Routes, des.WG.Devices[i])
 			// The port as published now: none once it is lost.
 			port := d.portPublisher().Judge(dev.Name, t.bind(), time.Now()).Port
 			des.Nft = t.firewall(dev.Name, des.Nft, port, t.p.DNS())
 		}
 	}
 	return des
+}
+
+// routesWait is rs without the IPv4 routes through dev while dev has no
+// IPv4 address (a PIA device before its registration: a take-over of the
+// gateway role, a start). Forwarded traffic routed into the device then
+// would be masqueraded to another interface's address, since the device
+// has none of its own, and conntrack would keep that for the flow: the
+// VLAN's connections stayed stuck after the tunnel came up. Meanwhile
+// the kill switch's unreachable route answers them, and nothing is
+// masqueraded. (PIA gives no IPv6 address; IPv6 routes are left as the
+// config has them.)
+func routesWait(rs []route.Route, dev wg.Device) []route.Route {
+	if slices.ContainsFunc(dev.Addrs, func(a netip.Prefix) bool { return a.Addr().Is4() }) {
+		return rs
+	}
+	return slices.DeleteFunc(slices.Clone(rs), func(r route.Route) bool {
+		return r.Dev == dev.Name && r.To.Addr().Is4()
+	})
 }
 
 // firewall is n with the tunnel's forwarded port DNATed to pf.to, and
@@ -292,6 +323,25 @@ func (d *Daemon) kickPIA() {
 	d.portPublisher().RetryFailed()
 }
 
+// standbyPIA puts the PIA providers of the gateway role's devices on
+// standby while this node does not hold the role, and takes them off it
+// when it does (pia.Provider.SetStandby).
+func (d *Daemon) standbyPIA() {
+	if d.role == nil {
+		return
+	}
+	want := d.role.Want()
+	changed := false
+	for name, t := range d.pia {
+		if t.p != nil && d.role.Moves(name) && t.p.SetStandby(!want) {
+			changed = true
+		}
+	}
+	if changed {
+		d.portPublisher().Configure(d.portDevices())
+	}
+}
+
 // publishPIA puts the providers' state in status, the TunnelHealthy
 // condition and the metrics, and publishes their ports; it reports
 // whether a published port changed (the DNAT is due for a sync).
@@ -333,7 +383,8 @@ func (d *Daemon) publishPIA() bool {
 		s := t.p.Status()
 		tunnels = append(tunnels, tunnelStatus(s, now))
 		d.metrics.SetTunnelHealthy(name, s.Healthy)
-		if !s.Healthy {
+		if !s.Healthy && s.Phase != pia.PhaseStandby {
+			// (A standby's tunnel is another node's to run: no fault.)
 			msg := fmt.Sprintf("%s: %s", name, s.Phase)
 			if s.LastError != "" {
 				msg += ": " + s.LastError

@@ -8,11 +8,15 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/nodeagent/nodeagent/netcfg/route"
+	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 )
 
@@ -73,5 +77,27 @@ func TestValidatePIARegionFromCachedList(t *testing.T) {
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%s (portForward %v): got %v, want %q", tt.region, tt.pf, err, tt.want)
 		}
+	}
+}
+
+// TestRoutesWaitForTheTunnelAddress: a PIA device without its address yet
+// (before its registration) takes no IPv4 route, so nothing forwarded into
+// it is masqueraded to another interface's address and kept so by
+// conntrack; its IPv6 routes and other devices' routes stay.
+func TestRoutesWaitForTheTunnelAddress(t *testing.T) {
+	dflt := route.Route{Table: 150, To: netip.MustParsePrefix("0.0.0.0/0"), Dev: "wg-pia"}
+	dflt6 := route.Route{Table: 150, To: netip.MustParsePrefix("::/0"), Dev: "wg-pia"}
+	shim := route.Route{Table: 150, To: netip.MustParsePrefix("10.10.50.0/24"), Dev: "vlan50-shim"}
+	rs := []route.Route{dflt, dflt6, shim}
+	got := routesWait(rs, wg.Device{Name: "wg-pia"})
+	if want := []route.Route{dflt6, shim}; !slices.Equal(got, want) {
+		t.Errorf("without an address: %v, want %v", got, want)
+	}
+	got = routesWait(rs, wg.Device{Name: "wg-pia", Addrs: []netip.Prefix{netip.MustParsePrefix("10.10.0.3/32")}})
+	if !slices.Equal(got, rs) {
+		t.Errorf("with its address: %v, want %v", got, rs)
+	}
+	if len(rs) != 3 {
+		t.Error("the routes given were changed")
 	}
 }

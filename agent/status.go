@@ -147,6 +147,15 @@ func (d *Daemon) publish(why trigger, start time.Time, res netcfg.Result) []erro
 	d.mu.Unlock()
 
 	d.checkHazards(res)
+	if d.role != nil {
+		c := d.role.Condition()
+		d.setCondition(c.Type, c.Status, c.Reason, c.Message)
+		rs := d.role.Status()
+		d.mu.Lock()
+		d.status.Gateway = &api.GatewayRole{Role: rs.Role, State: string(rs.State), Holder: rs.Holder, Since: rs.Since.UTC(), Reason: rs.Reason,
+			LeaseOK: rs.LeaseOK, Transitions: rs.Transitions, TookOverSeconds: rs.TookOver.Seconds()}
+		d.mu.Unlock()
+	}
 	waits, over := d.trackWaits(res)
 	switch {
 	case len(failed) > 0:
@@ -364,7 +373,7 @@ func (d *Daemon) healthLocked() bool {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy)
+	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy) || isFalse(api.CondGatewayRole)
 	return s.Ready && !s.Degraded
 }
 

@@ -27,6 +27,7 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		// Register files changed between the load and the first sync.
 		d.reload(trigResync)
 	}
+	d.standbyPIA()
 	des := d.desired
 	if d.hash == d.badHash && d.lastGood != nil {
 		// Rolled back: keep the previous state until the config changes.
@@ -38,6 +39,9 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 		d.beforeApply(p)
 	}
 	res := d.apply(ctx, des, p)
+	if d.role != nil {
+		d.role.SyncedFrom(res)
+	}
 	if d.stager != nil {
 		// The first sync took the start-up's staging devices or not;
 		// what it did not take is deleted.
@@ -213,5 +217,11 @@ func (d *Daemon) checkARP(ctx context.Context) {
 func (d *Daemon) effective(des netcfg.Desired) netcfg.Desired {
 	des = d.withPIA(des)
 	des.Nft = guardDNS(d.cfg, des.Nft)
-	return piaSourceRules(d.cfg, des)
+	des = piaSourceRules(d.cfg, des)
+	if d.role != nil {
+		// The role's addresses and devices, as this node's part in the
+		// role has them.
+		des = d.role.Gate(des)
+	}
+	return des
 }

@@ -167,9 +167,12 @@ type ipMonitor struct {
 // table of its own, whose lines are not returned.
 const markerTable = "4242"
 
-func startIPMonitor(t *testing.T, ns *testenv.NetNS) *ipMonitor {
+func startIPMonitor(t *testing.T, ns *testenv.NetNS, objects ...string) *ipMonitor {
 	t.Helper()
-	m := &ipMonitor{ns: ns, cmd: exec.Command("ip", "-n", ns.Name, "-ts", "monitor", "route", "rule"), done: make(chan struct{})}
+	if len(objects) == 0 {
+		objects = []string{"route", "rule"}
+	}
+	m := &ipMonitor{ns: ns, cmd: exec.Command("ip", append([]string{"-n", ns.Name, "-ts", "monitor"}, objects...)...), done: make(chan struct{})}
 	out, err := m.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,14 @@ import (
 // converge parses yaml as nodeagent.yaml and syncs ns to it once.
 func converge(t *testing.T, ns *testenv.NetNS, yaml string) (Plans, error) {
 	t.Helper()
+	cv := &Converger{Host: ns.Host}
+	return cv.Sync(context.Background(), desiredOf(t, ns, yaml))
+}
+
+// desiredOf parses yaml as nodeagent.yaml (no file checks) and derives
+// the desired state for ns.
+func desiredOf(t *testing.T, ns *testenv.NetNS, yaml string) Desired {
+	t.Helper()
 	c, err := config.ParseWith("nodeagent.yaml", []byte(yaml), config.Options{SkipFileChecks: true})
 	if err != nil {
 		t.Fatalf("config:\n%v", err)
@@ -25,8 +33,7 @@ func converge(t *testing.T, ns *testenv.NetNS, yaml string) (Plans, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cv := &Converger{Host: ns.Host}
-	return cv.Sync(context.Background(), d)
+	return d
 }
 
 // tablesFile is where a test's rt_tables.d entry goes: one per namespace,

@@ -43,6 +43,9 @@ type Converger struct {
 	Userspace *wg.Userspace
 	// Resolver resolves WireGuard endpoint names; nil means the system's.
 	Resolver wg.Resolver
+	// StateDir is the daemon's state directory (the record of WireGuard
+	// peers kept from an adoption); "" keeps no state on disk.
+	StateDir string
 
 	wg   *wg.Handle
 	poll wg.Poller
@@ -52,7 +55,7 @@ type Converger struct {
 // client and the endpoint cache from one sync to the next.
 func (c *Converger) WG() *wg.Handle {
 	if c.wg == nil {
-		c.wg = &wg.Handle{Host: c.Host, Userspace: c.Userspace, Resolver: c.Resolver, Log: c.log().With("subsystem", "wireguard")}
+		c.wg = &wg.Handle{Host: c.Host, Userspace: c.Userspace, Resolver: c.Resolver, Log: c.log().With("subsystem", "wireguard"), StateDir: c.StateDir}
 	}
 	return c.wg
 }

@@ -77,6 +77,11 @@ const (
 	// hook fails (it is retried with backoff). Absent when no device has
 	// an onChange. It neither degrades the node nor holds back Ready.
 	CondPortDelivered = "PortDelivered"
+	// GatewayRole: this node's part in the gateway role (agent/gateway),
+	// reason Holder, Standby (the message names the holder), Claiming or
+	// Fenced. True while Holder or Standby; False while Claiming or
+	// Fenced, which degrades the node. Absent without a gateway role.
+	CondGatewayRole = "GatewayRole"
 )
 
 // Condition is one aspect of the node's state, Kubernetes-style.
@@ -164,6 +169,26 @@ type Status struct {
 	// Warnings are what the running config gets wrong about the network
 	// (netcfg/lint), each "file:line: field: reason; the fix".
 	Warnings []string `json:"warnings,omitempty"`
+	// Gateway is this node's part in the gateway role; absent without one.
+	Gateway *GatewayRole `json:"gateway,omitempty"`
+}
+
+// GatewayRole is this node's part in a gateway role (agent/gateway).
+type GatewayRole struct {
+	Role string `json:"role"`
+	// State is Holder, Standby, Claiming or Fenced.
+	State string `json:"state"`
+	// Holder is the Lease's holder as last read ("" when none).
+	Holder string    `json:"holder"`
+	Since  time.Time `json:"since"`
+	// Reason says why, in one line.
+	Reason string `json:"reason"`
+	// LeaseOK: the Lease was read or written within its duration.
+	LeaseOK bool `json:"leaseOK"`
+	// Transitions counts state changes since the daemon started;
+	// TookOverSeconds is how long this node's last take-over took.
+	Transitions     int     `json:"transitions"`
+	TookOverSeconds float64 `json:"tookOverSeconds,omitempty"`
 }
 
 // PIATunnel is a PIA tunnel's provider state. It holds nothing secret (no

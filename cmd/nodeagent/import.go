@@ -23,29 +23,50 @@ key and peer files the config names. It changes nothing on the node.
 Usage:
   nodeagent import --out DIR [--root DIR] [--only NAME]... [--etc DIR]
 
+It takes over only what the old setup made: its VLANs, macvlans and
+WireGuard devices, and the policy routing that belongs to them (a table whose
+routes go through one of them, a rule that matches one of them or looks up
+such a table). Every other rule and table (a CNI's such as Cilium, Tailscale's,
+kube-router's) is listed in the config as a comment with its likely owner and
+is never adopted. An IPv6 source-specific route (from) is listed, never taken.
+
 It writes only into DIR, never into /etc:
   DIR/nodeagent.yaml                 the config, with comments (0644)
+  DIR/import-notes.txt               the wg-quick hook lines, which may hold a
+                                     token or a password (0600); the config
+                                     says what each did, never its text
   DIR/keys/DEVICE.key                each WireGuard device's private key (0600)
-  DIR/keys/DEVICE-PEER.psk           each preshared key (0600)
+  DIR/keys/DEVICE/PEER.psk           each preshared key (0600)
   DIR/peers/DEVICE/PEER.conf         one wg-quick [Peer] file per peer (0644);
   DIR/peers/DEVICE/PEER.yaml         PEER.yaml for a peer with a preshared key
-and every directory 0700. DIR must not exist or be empty, and must not be the
---root directory or inside it. Then it prints the config's path, the notes
-(what was not imported, what could not be read) and the switch-over steps,
-which are left to you: install the files, validate, plan (only adoptions),
-disable (not stop) wg-quick@DEVICE and the units that made the links, enable
-nodeagent, reboot.
+and every directory 0700. DIR must not exist or be an empty directory of
+yours, and must not be the --root directory or inside it; every directory on
+the way to it must be root's or yours and writable by no one else (a sticky
+one such as /tmp excepted), so that no one can swap the keys before you
+install them. Everything is written into a new directory beside DIR and
+renamed into place: a failure leaves nothing behind.
+
+Then it prints the config's path, the notes (what was not imported, what
+could not be read) and the switch-over steps, which are left to you: install
+the files, validate, plan (only adoptions), retire what made the links
+(systemd-networkd, netplan, ifupdown or NetworkManager files, each with its
+exact step; units that run ip link add), disable (not stop) wg-quick@DEVICE,
+enable nodeagent, reboot.
 
 Flags:
   -o, --out DIR    where to write (required)
       --root DIR   where the files will be installed; every path in the config
                    is under it (default /etc/nodeagent)
       --only NAME  import only this object (repeat it, or give a comma list):
-                   a VLAN's, macvlan's or WireGuard device's name, a routing
-                   table's name or id, rules (every rule but the kernel's own,
-                   with the tables they look up) or sysctls
+                   a VLAN's, macvlan's or WireGuard device's name (with the
+                   policy routing that belongs to it), a routing table's name
+                   or id (whoever made it), rules (every rule but the kernel's
+                   own, with the tables they look up) or sysctls; a wg-quick
+                   device that is down and not enabled is imported only so
       --etc DIR    read /etc's files (/etc/wireguard, /etc/iproute2/rt_tables,
-                   /etc/systemd/system) from DIR instead (default /etc)
+                   /etc/systemd/system, /etc/systemd/network, /etc/netplan,
+                   /etc/network/interfaces, /etc/NetworkManager) from DIR
+                   instead (default /etc)
   -h, --help       this help
 
 Sysctls read: net.ipv4.ip_forward, net.ipv6.conf.all.forwarding,
@@ -132,6 +153,9 @@ func runImport(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "nodeagent import: not run as root: WireGuard keys and peers and /etc/wireguard could not be read (see the notes); run it as root to import them")
 	}
 	fmt.Fprintf(stdout, "wrote %s and %d file(s) under %s\n", filepath.Join(*out, importer.ConfigName), len(r.Files), *out)
+	if r.Private != "" {
+		fmt.Fprintf(stdout, "the hook lines, which may hold secrets, are in %s (root's only), never in the config\n", filepath.Join(*out, importer.NotesName))
+	}
 	if len(r.Notes) > 0 {
 		fmt.Fprintln(stdout, "\nnotes:")
 		for _, n := range r.Notes {

@@ -49,9 +49,13 @@ func TestImportWrites(t *testing.T) {
 	// A wg-quick device that is down is imported from its file alone, so
 	// there is something to write whatever this namespace holds.
 	os.MkdirAll(filepath.Join(etc, "wireguard"), 0o700)
+	os.MkdirAll(filepath.Join(etc, "systemd", "system", "multi-user.target.wants"), 0o755)
+	os.WriteFile(filepath.Join(etc, "systemd", "system", "multi-user.target.wants", "wg-quick@natest9.service"), nil, 0o644)
+	// A hook with a secret in it: never printed, never in a 0644 file.
 	os.WriteFile(filepath.Join(etc, "wireguard", "natest9.conf"), []byte(`[Interface]
 PrivateKey = kiqhO9HXRnqm4eSI6Icv+qbnnfGAUvevh3txSPGsohI=
 Address = 10.249.0.1/24
+PostUp = curl -fsS "https://ddns.example/update?token=s3cr3t" -u pia:hunter2pass
 
 # laptop
 [Peer]
@@ -91,9 +95,40 @@ AllowedIPs = 10.249.0.2/32
 	if b, _ := os.ReadFile(cfg); !strings.Contains(string(b), "privateKeyFile: /srv/na/keys/natest9.key") {
 		t.Errorf("the config does not name the key under --root:\n%s", b)
 	}
+	for _, secret := range []string{"s3cr3t", "hunter2pass"} {
+		if strings.Contains(out.String()+errb.String(), secret) {
+			t.Errorf("the output quotes a secret:\n%s%s", out.String(), errb.String())
+		}
+		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, _ := os.ReadFile(p)
+			if st, _ := os.Stat(p); strings.Contains(string(b), secret) && st.Mode().Perm() != 0o600 {
+				t.Errorf("%s (%v) holds a secret", p, st.Mode().Perm())
+			}
+			return nil
+		})
+	}
+	if st, err := os.Stat(filepath.Join(dir, "import-notes.txt")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("import-notes.txt: %v %v", st, err)
+	}
 	out.Reset()
 	errb.Reset()
 	if code := run([]string{"import", "--out", dir, "--etc", etc}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "is not empty") {
 		t.Errorf("into a written directory: exit %d\n%s", code, errb.String())
+	}
+	if os.Geteuid() == 0 {
+		theirs := filepath.Join(t.TempDir(), "theirs")
+		os.Mkdir(theirs, 0o755)
+		os.Chown(theirs, 65534, 65534)
+		out.Reset()
+		errb.Reset()
+		if code := run([]string{"import", "--out", filepath.Join(theirs, "out"), "--etc", etc}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "belongs to uid 65534") {
+			t.Errorf("under another user's directory: exit %d\n%s", code, errb.String())
+		}
+		if entries, _ := os.ReadDir(theirs); len(entries) != 0 {
+			t.Errorf("wrote under another user's directory: %v", entries)
+		}
 	}
 }

@@ -176,6 +176,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var work func(ctx context.Context) error
 	switch cmd {
 	case "run":
+		logging.RouteKlog(log)
 		work = func(ctx context.Context) error {
 			o := agent.RunOptions{
 				Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"), MetricsAPIKeyFile: v.GetString("metrics_api_key_file"),

@@ -66,6 +66,22 @@ func renderStatus(w io.Writer, s *api.Status, now time.Time) error {
 	for _, t := range s.PIA {
 		renderPIA(&b, t, now)
 	}
+	if g := s.Gateway; g != nil {
+		fmt.Fprintf(&b, "\nGateway role %s:\n", clean(g.Role))
+		holder := clean(g.Holder)
+		if holder == "" {
+			holder = "none"
+		}
+		lease := "read within its duration"
+		if !g.LeaseOK {
+			lease = "NOT read within its duration (the API server?)"
+		}
+		fmt.Fprintf(&b, "  state %s since %s; Lease holder %s, %s; %d transitions", clean(g.State), stamp(g.Since, now), holder, lease, g.Transitions)
+		if g.TookOverSeconds > 0 {
+			fmt.Fprintf(&b, "; last take-over took %s", millis(g.TookOverSeconds*1000))
+		}
+		fmt.Fprintf(&b, "\n  %s\n", clean(g.Reason))
+	}
 
 	for _, objs := range []struct {
 		title string

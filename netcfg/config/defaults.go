@@ -40,6 +40,7 @@ func applyDefaults(c *Config, pos positions) {
 	if _, written := pos["kubernetes.hold"]; c.Kubernetes.Hold == 0 && !written && c.Kubernetes.Enabled() {
 		c.Kubernetes.Hold = DefaultKubernetesHold
 	}
+	gatewayDefaults(c.Gateway, pos)
 	for i := range c.Macvlans {
 		if c.Macvlans[i].Mode == "" {
 			c.Macvlans[i].Mode = DefaultMacvlanMode

@@ -35,6 +35,9 @@ type Config struct {
 	// Checks are the probes reported as conditions and run around every
 	// change (safe apply).
 	Checks Checks `yaml:"checks"`
+	// Gateway is a role one node of several holds at a time, elected by a
+	// Kubernetes Lease and fenced on the wire. Default: none.
+	Gateway *Gateway `yaml:"gateway"`
 
 	// File is the path the config was read from; it prefixes every error.
 	File string `yaml:"-"`

@@ -218,6 +218,7 @@ func (v *validator) validate(c *Config) {
 	v.kubernetes(c)
 	v.adoptLabels(c.Kubernetes)
 	v.checks(c.Checks)
+	v.gateway(c, links, seenAddrs)
 }
 
 // links indexes the declared links by name and reports duplicate names.

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -341,6 +342,34 @@ func size(n int64) string {
 	return strconv.FormatInt(n, 10) + " bytes"
 }
 
+// writeTemp writes data to a new temporary file in dir and closes it,
+// returning its name. It holds syscall.ForkLock while the file is open, so
+// no child forked meanwhile (a hook the daemon starts) holds a copy of the
+// descriptor until its exec: that copy's close would come after the rename,
+// and a directory watch would see the renamed file "written in place"
+// (IN_CLOSE_WRITE of path), as the port file's test saw under load.
+func writeTemp(dir string, data []byte, mode fs.FileMode) (string, error) {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	f, err := os.CreateTemp(dir, ".nodeagent-*")
+	if err != nil {
+		return "", err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return f.Name(), err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return f.Name(), err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return f.Name(), err
+	}
+	return f.Name(), f.Close()
+}
+
 func retryEINTR(f func() (int, error)) (int, error) {
 	for {
 		fd, err := f()
@@ -356,27 +385,14 @@ func retryEINTR(f func() (int, error)) (int, error) {
 // written, synced, given mode, renamed over path, and the directory synced.
 func WriteFile(path string, data []byte, mode fs.FileMode) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".nodeagent-*")
+	name, err := writeTemp(dir, data, mode)
+	if name != "" {
+		defer os.Remove(name)
+	}
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
+	if err := os.Rename(name, path); err != nil {
 		return err
 	}
 	d, err := os.Open(dir)

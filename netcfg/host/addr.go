@@ -203,10 +203,13 @@ func (h *Host) AddrAdd(linkIndex int, p netip.Prefix) error {
 }
 
 // replaceSetsProto4 reports whether an NLM_F_REPLACE of an existing IPv4
-// address takes the IFA_PROTO it carries: Linux 6.3 and later (before,
-// inet_rtm_newaddr kept the old one; IPv6 took it from 6.1, where
-// IFA_PROTO came).
-var replaceSetsProto4 = sync.OnceValue(func() bool { return kernelAtLeast(6, 3) })
+// address takes the IFA_PROTO it carries. Before "net: ipv4: Allow
+// changing IPv4 address protocol" (Petr Machata, posted to net-next on
+// 2023-03-21 while 6.3 was in its release candidates, so first released in
+// 6.4) inet_rtm_newaddr kept the old one; IPv6 took it from 6.1, where
+// IFA_PROTO came. The in-place marks are read back, so a kernel that does
+// otherwise is found out, never trusted.
+var replaceSetsProto4 = sync.OnceValue(func() bool { return kernelAtLeast(6, 4) })
 
 // AddrMarkInPlace reports whether the kernel puts nodeagent's IFA_PROTO
 // mark on an existing address of p's family in place, without removing it.
@@ -223,7 +226,7 @@ func (h *Host) AddrMarkInPlace(p netip.Prefix) bool {
 // the link. What the kernel updates that way depends on its version
 // (inet_rtm_newaddr, inet6_addr_modify): IPv6 takes the new IFA_PROTO,
 // flags and lifetimes but keeps a non-zero metric; IPv4 takes the
-// lifetimes and metric, takes IFA_PROTO only from Linux 6.3 on (6.1, as
+// lifetimes and metric, takes IFA_PROTO only from Linux 6.4 on (6.1, as
 // in Debian 12, keeps the old one), and never changes the flags, so an
 // IPv4 address with noprefixroute is not even tried in place. The result
 // is read back, and what the replace did not fix is deleted and added

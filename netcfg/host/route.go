@@ -3,6 +3,8 @@ package host
 import (
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -21,14 +23,15 @@ import (
 // Routes are read as vishvananda/netlink reads them (Src is the preferred
 // source, Dst nil for a default route); a multipath route comes back with
 // MultiPath set to a non-nil, empty slice (nodeagent never makes them).
-func (h *Host) RouteList(proto uint8, tables []int) ([]netlink.Route, error) {
+// Route.From and Route.Extra say what that library does not read.
+func (h *Host) RouteList(proto uint8, tables []int) ([]Route, error) {
 	h.Dumped(DumpRoutes)
 	want := map[int]bool{}
 	for _, t := range tables {
 		want[t] = true
 	}
 	keep := func(table int, p uint8) bool { return p == proto || want[table] }
-	var out []netlink.Route
+	var out []Route
 	collect := func(sock *nl.SocketHandle, msg *nl.RtMsg, extra []byte) error {
 		req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
 		req.AddData(msg)
@@ -84,35 +87,110 @@ func (h *Host) RouteList(proto uint8, tables []int) ([]netlink.Route, error) {
 	return dedup, nil
 }
 
-// routeKey tells one kernel route from another, for RouteList's dedup.
-func routeKey(r netlink.Route) string {
-	return fmt.Sprintf("%d|%d|%v|%d|%d|%d|%v|%v|%d", r.Family, r.Table, r.Dst, r.Priority, r.Type, r.Tos, r.Gw, r.Src, r.LinkIndex)
+// RouteListAll reads every IPv4 and IPv6 route of every table (local
+// included), with From and Extra, in the kernel's dump order: what
+// `nodeagent import` reads a node with. It counts as one routes dump.
+func (h *Host) RouteListAll() ([]Route, error) {
+	h.Dumped(DumpRoutes)
+	var out []Route
+	req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
+	req.AddData(nl.NewRtMsg())
+	_, err := dumpOn(h, h.route, req, unix.RTM_NEWROUTE, func(m []byte) (struct{}, error) {
+		r, ok, err := parseRoute(m, func(int, uint8) bool { return true })
+		if err == nil && ok {
+			out = append(out, r)
+		}
+		return struct{}{}, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump routes: %w", err)
+	}
+	return out, nil
 }
 
-func parseRoute(m []byte, keep func(int, uint8) bool) (netlink.Route, bool, error) {
+// Route is a kernel route as RouteList reads it: what vishvananda/netlink
+// reads, and what that library (v1.3.1) does not.
+type Route struct {
+	netlink.Route
+	// From is the route's source prefix (RTA_SRC, `ip -6 route add ...
+	// from 2001:db8:a::/48`: an IPv6 source-specific route), invalid for
+	// none. Such a route is not the same route as one without a from, and
+	// nodeagent never makes one.
+	From netip.Prefix
+	// Extra names what else the route has that nodeagent's routes cannot
+	// say (route metrics such as mtu or advmss, tos, realm, an
+	// encapsulation, a via of another family, MPLS), in a fixed order;
+	// replacing the route with nodeagent's fields would drop them.
+	Extra []string
+}
+
+// routeKey tells one kernel route from another, for RouteList's dedup.
+func routeKey(r Route) string {
+	return fmt.Sprintf("%d|%d|%v|%v|%d|%d|%d|%v|%v|%d", r.Family, r.Table, r.Dst, r.From, r.Priority, r.Type, r.Tos, r.Gw, r.Src, r.LinkIndex)
+}
+
+// rtaxNames are the route metrics (RTAX_*, linux/rtnetlink.h) by number,
+// as ip-route(8) names them.
+var rtaxNames = map[uint16]string{
+	unix.RTAX_LOCK: "lock", unix.RTAX_MTU: "mtu", unix.RTAX_WINDOW: "window", unix.RTAX_RTT: "rtt",
+	unix.RTAX_RTTVAR: "rttvar", unix.RTAX_SSTHRESH: "ssthresh", unix.RTAX_CWND: "cwnd", unix.RTAX_ADVMSS: "advmss",
+	unix.RTAX_REORDERING: "reordering", unix.RTAX_HOPLIMIT: "hoplimit", unix.RTAX_INITCWND: "initcwnd",
+	unix.RTAX_FEATURES: "features", unix.RTAX_RTO_MIN: "rto_min", unix.RTAX_INITRWND: "initrwnd",
+	unix.RTAX_QUICKACK: "quickack", unix.RTAX_CC_ALGO: "congctl", unix.RTAX_FASTOPEN_NO_COOKIE: "fastopen_no_cookie",
+}
+
+func parseRoute(m []byte, keep func(int, uint8) bool) (Route, bool, error) {
 	if len(m) < unix.SizeofRtMsg {
-		return netlink.Route{}, false, fmt.Errorf("short rtmsg")
+		return Route{}, false, fmt.Errorf("short rtmsg")
 	}
 	msg := nl.DeserializeRtMsg(m)
 	if msg.Family != unix.AF_INET && msg.Family != unix.AF_INET6 {
-		return netlink.Route{}, false, nil
+		return Route{}, false, nil
 	}
 	table := int(msg.Table)
 	if table != unix.RT_TABLE_COMPAT && !keep(table, msg.Protocol) {
-		return netlink.Route{}, false, nil // the common case: no attribute parsed
+		return Route{}, false, nil // the common case: no attribute parsed
 	}
 	attrs, err := nl.ParseRouteAttr(m[unix.SizeofRtMsg:])
 	if err != nil {
-		return netlink.Route{}, false, err
+		return Route{}, false, err
 	}
 	native := nl.NativeEndian()
-	r := netlink.Route{
+	r := Route{Route: netlink.Route{
 		Family: int(msg.Family), Table: table, Type: int(msg.Type), Protocol: netlink.RouteProtocol(msg.Protocol),
 		Scope: netlink.Scope(msg.Scope), Flags: int(msg.Flags), Tos: int(msg.Tos),
-	}
+	}}
+	var metrics []string
+	var other []string
 	for _, a := range attrs {
 		v := a.Value
 		switch a.Attr.Type {
+		case unix.RTA_SRC:
+			// The kernel sends it only for a source prefix of nonzero
+			// length (rtm_src_len): vishvananda/netlink drops it.
+			if ip, ok := netip.AddrFromSlice(v); ok {
+				if p, err := ip.Unmap().Prefix(int(msg.Src_len)); err == nil && msg.Src_len > 0 {
+					r.From = p
+				}
+			}
+		case unix.RTA_METRICS:
+			if ms, err := nl.ParseRouteAttr(v); err == nil {
+				for _, mm := range ms {
+					if n, ok := rtaxNames[mm.Attr.Type&^unix.NLA_F_NESTED]; ok {
+						metrics = append(metrics, n)
+					} else {
+						metrics = append(metrics, fmt.Sprintf("metric %d", mm.Attr.Type))
+					}
+				}
+			}
+		case unix.RTA_FLOW:
+			other = append(other, "realm")
+		case unix.RTA_ENCAP:
+			other = append(other, "encap")
+		case unix.RTA_VIA:
+			other = append(other, "via (another family)")
+		case unix.RTA_NEWDST:
+			other = append(other, "mpls")
 		case unix.RTA_TABLE:
 			r.Table = int(native.Uint32(v))
 		case unix.RTA_DST:
@@ -130,7 +208,15 @@ func parseRoute(m []byte, keep func(int, uint8) bool) (netlink.Route, bool, erro
 		}
 	}
 	if table == unix.RT_TABLE_COMPAT && !keep(r.Table, msg.Protocol) {
-		return netlink.Route{}, false, nil
+		return Route{}, false, nil
+	}
+	if len(metrics)+len(other) > 0 || msg.Tos != 0 {
+		slices.Sort(metrics)
+		r.Extra = metrics
+		if msg.Tos != 0 {
+			r.Extra = append(r.Extra, "tos")
+		}
+		r.Extra = append(r.Extra, other...)
 	}
 	return r, true, nil
 }

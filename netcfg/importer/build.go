@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/host"
+	"github.com/nodeagent/nodeagent/netcfg/owners"
 	"gopkg.in/yaml.v3"
 )
 
@@ -28,9 +29,11 @@ type Options struct {
 	// /etc/nodeagent.
 	Root string
 	// Only imports just these objects, by name: a VLAN's, macvlan's or
-	// WireGuard device's name, a routing table's name or id (its routes;
-	// rules are not implied), "rules" (every rule that is not the
-	// kernel's, with the tables they look up), "sysctls". Empty: all.
+	// WireGuard device's name (with the policy routing that belongs to
+	// it, scope.go), a routing table's name or id (its routes, whoever
+	// made them), "rules" (every rule that is not the kernel's, with the
+	// tables they look up), "sysctls". Empty: everything the old setup
+	// made.
 	Only []string
 	// Out names the directory the files are written to, in the steps
 	// (default OUT).
@@ -55,8 +58,12 @@ type Result struct {
 	// none when nothing was found to import.
 	Steps []string
 	// Notes are what the operator should know: what was not imported or
-	// could not be read.
+	// could not be read. They never quote a hook line or a secret.
 	Notes []string
+	// Private is the notes file's text (NotesName, written 0600): what the
+	// config and the notes must not quote, such as hook lines, which may
+	// carry a token or a password; "" when there is none.
+	Private string
 }
 
 // maxProblemNotes bounds the notes listing what could not be read.
@@ -105,6 +112,23 @@ type builder struct {
 	used    map[string]bool
 	wgUnits []string
 	tables  map[int]bool
+	// scope is the policy routing that is the old setup's (scope.go).
+	scope scope
+	// foreign are the comment lines for what is another's: rules, tables
+	// and routes the import leaves alone.
+	foreign []string
+	// private are the notes file's entries (NotesName): what may hold a
+	// secret, such as hook lines, root's only.
+	private []string
+	// unrun are the hooks nodeagent does not do, where each is.
+	unrun []string
+	// pia is the device PIA's manual-connections scripts made ("" for
+	// none); piaTables are the tables that route through it (the VLAN's),
+	// with the source prefixes whose rules look them up.
+	pia         string
+	piaTables   map[int]bool
+	piaSources  []string
+	piaCredStep string
 }
 
 // Build turns a Snapshot into a config that adopts what the node has. It
@@ -145,7 +169,9 @@ func Build(s Snapshot, o Options) (Result, error) {
 	out.WriteString("# as its own without deleting it first. Read the comments, then follow the\n")
 	out.WriteString("# steps `nodeagent import` printed.\n")
 	vlans, macvlans := b.buildLinks()
+	b.pia = b.piaDevice()
 	wgs := b.buildWireGuard()
+	b.scope = b.buildScope()
 	rules := b.buildRules()
 	tables := b.buildTables()
 	mainRoutes := b.mainRoutes()
@@ -174,8 +200,10 @@ func Build(s Snapshot, o Options) (Result, error) {
 			writeIndented(&out, rules, "    ")
 		}
 		writeIndented(&out, mainRoutes, "  ")
+		b.writeForeign(&out, "  ")
 	} else {
 		writeIndented(&out, mainRoutes, "")
+		b.writeForeign(&out, "")
 	}
 	b.writeFirewall(&out)
 
@@ -199,7 +227,12 @@ func Build(s Snapshot, o Options) (Result, error) {
 	if !nothing {
 		steps = b.steps()
 	}
-	return Result{Config: cfg, Files: b.files, Steps: steps, Notes: b.notes}, nil
+	var private string
+	if len(b.private) > 0 {
+		private = "# nodeagent import: what the config does not quote because it may hold a secret.\n" +
+			"# Root's only (0600): the wg-quick hook lines, as written.\n\n" + strings.Join(b.private, "\n") + "\n"
+	}
+	return Result{Config: cfg, Files: b.files, Steps: steps, Notes: b.notes, Private: private}, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -414,6 +447,7 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 		}
 		b.used[l.Name] = true
 		lines = append(lines, "- name: "+scalar(l.Name))
+		lines = append(lines, b.ownerComments(l.Name)...)
 		if c := b.parentComment(l.Parent); c != "" {
 			lines = append(lines, "  "+c)
 		}
@@ -450,6 +484,18 @@ func (b *builder) buildLinks() (vlans, macvlans []string) {
 	return vlans, macvlans
 }
 
+// ownerComments name what made or configures a link (its owners' files),
+// whose retiring steps come before the switch-over.
+func (b *builder) ownerComments(name string) []string {
+	var out []string
+	for _, o := range b.s.Owners {
+		if o.Link == name {
+			out = append(out, fmt.Sprintf("  # %s: %s (%s); retired by a step before the switch-over", o.Kind, o.File, o.Role))
+		}
+	}
+	return out
+}
+
 func sortedLinks(ls map[string]Link) []Link {
 	out := make([]Link, 0, len(ls))
 	for _, k := range sortedKeys(ls) {
@@ -483,6 +529,18 @@ func (b *builder) buildWireGuard() []string {
 		if !b.selected(name) {
 			continue
 		}
+		if name == b.pia {
+			lines = append(lines, b.piaEntry(name)...)
+			continue
+		}
+		_, inKernel := b.links[name]
+		if !inKernel && !slices.Contains(b.s.WGQuickUnits, name) && !b.only[name] {
+			// A file left behind: nothing brings it up at boot. Taking it
+			// would make a new device on the first sync, not adopt one.
+			lines = append(lines, fmt.Sprintf("# /etc/wireguard/%s.conf: not up, and wg-quick@%s is not enabled: not imported (a file left", name, name),
+				fmt.Sprintf("# behind? importing it would make a new device); --only %s imports it", name))
+			continue
+		}
 		lines = append(lines, b.wireguard(name, devs)...)
 	}
 	return lines
@@ -511,10 +569,11 @@ func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
 		key, port, mark, peers = dev.PrivateKey, dev.ListenPort, dev.FwMark, dev.Peers
 		mtu = link.MTU
 		addrs, addrComments = b.takeAddrs("wireguard "+name, link.Addresses)
-		if hasFile && wq.ListenPort == 0 {
-			// wg-quick left the port to the kernel, which picks one at
-			// random each time: so does nodeagent without listenPort.
-			port = 0
+		if hasFile && wq.ListenPort == 0 && port != 0 {
+			// wg-quick left the port to the kernel, which picked this
+			// one: peers that know it reach it there, after a reboot too.
+			pre = append(pre, fmt.Sprintf("# /etc/wireguard/%s.conf has no ListenPort: the kernel picked %d, kept so that", name, port),
+				"# peers that reach it there still do (without listenPort each start picks another)")
 		}
 	case inKernel:
 		return []string{fmt.Sprintf("# WireGuard device %s not imported: its keys and peers could not be read (run nodeagent import as root)", name)}
@@ -585,13 +644,26 @@ func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
 	}
 	if len(peers) > 0 {
 		lines = append(lines, "  peersDir: "+scalar(path.Join(root, "peers", name)))
-		lines = append(lines, b.peerFiles(name, peers, wq, hasFile)...)
+		lines = append(lines, b.peerFiles(name, peers, wq, hasFile, !hasFile && listens(peers))...)
 	}
 	lines = append(lines, "  adopt: true")
 	if hasFile {
 		lines = append(lines, b.wgQuickExtras(name, wq)...)
 	}
 	return lines
+}
+
+// listens reports whether a device known only from the kernel (no
+// wg-quick file says what was configured) is a server, whose peers come to
+// it: anything but one peer that it keeps alive or sends everything to,
+// which is a client of that peer.
+func listens(peers []WGPeer) bool {
+	if len(peers) != 1 {
+		return true
+	}
+	p := peers[0]
+	full := slices.Contains(p.AllowedIPs, "0.0.0.0/0") || slices.Contains(p.AllowedIPs, "::/0")
+	return p.PersistentKeepalive == 0 && !full
 }
 
 var nameRE = regexp.MustCompile(`[^a-z0-9_-]+`)
@@ -618,7 +690,7 @@ func keyName(key string, n int) string {
 // for the entry. A peer without a preshared key is a wg-quick [Peer]
 // stanza (NAME.conf); one with a key is YAML (NAME.yaml) naming the key's
 // file, so that the key sits in a file of its own, readable by root only.
-func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile bool) []string {
+func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile, server bool) []string {
 	hints := map[string]WGPeer{}
 	for _, p := range wq.Peers {
 		hints[p.PublicKey] = p
@@ -646,14 +718,19 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 	}
 	slices.SortFunc(all, func(x, y named) int { return strings.Compare(x.name, y.name) })
 	var comments []string
-	kernelEndpoints := 0
+	kernelEndpoints, roaming := 0, 0
 	for _, x := range all {
 		p := x.p
-		if hasFile {
-			// The file's endpoint: the kernel's is where the peer was
-			// last seen, a roaming client's address.
+		switch {
+		case hasFile:
+			// The file's endpoint, where it states one: the kernel's is
+			// where the peer was last seen, a roaming client's address,
+			// which a configured endpoint would pin it to.
 			p.Endpoint = hints[p.PublicKey].Endpoint
-		} else if p.Endpoint != "" {
+		case server && p.Endpoint != "":
+			p.Endpoint = ""
+			roaming++
+		case p.Endpoint != "":
 			kernelEndpoints++
 		}
 		allowed := slices.Clone(p.AllowedIPs)
@@ -675,7 +752,9 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 			b.files = append(b.files, File{Path: path.Join(dir, x.name+".conf"), Data: []byte(t.String()), Mode: 0o644})
 			continue
 		}
-		pskRel := path.Join("keys", dev+"-"+x.name+".psk")
+		// A directory per device: wg0 with peer a-b and wg0-a with peer b
+		// would share keys/wg0-a-b.psk.
+		pskRel := path.Join("keys", dev, x.name+".psk")
 		b.files = append(b.files, File{Path: pskRel, Data: []byte(p.PresharedKey + "\n"), Mode: 0o600})
 		var t strings.Builder
 		fmt.Fprintf(&t, "publicKey: %s\n", scalar(p.PublicKey))
@@ -692,6 +771,11 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile 
 		b.files = append(b.files, File{Path: path.Join(dir, x.name+".yaml"), Data: []byte(t.String()), Mode: 0o644})
 	}
 	comments = append(comments, fmt.Sprintf("  # %d peer(s), one file each in peersDir", len(all)))
+	if roaming > 0 {
+		comments = append(comments, fmt.Sprintf("  # no wg-quick file states an endpoint, and %s listens for its peers: the %d endpoint(s) the", dev, roaming),
+			"  # kernel holds (where each was last seen) are not imported, so every client keeps roaming")
+		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) the kernel holds are not imported: no file states them and %s is a server, whose clients roam (a configured endpoint would pin each to its last address)", dev, roaming, dev))
+	}
 	if kernelEndpoints > 0 {
 		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) come from the kernel, which holds where a peer was last seen: check them in %s", dev, kernelEndpoints, path.Join(b.o.Root, "peers", dev)))
 	}
@@ -723,8 +807,10 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 		}
 		if fullTunnel(wq.Peers) {
 			add("a peer allows a default route: wg-quick routed everything through %s with its fwmark, a table", name)
-			add("of its own and rules (imported above from the kernel, with fwMark), and its own nftables table")
-			add("wg-quick-%s, which is not imported (nodeagent's firewall.killSwitch confines forwarded traffic)", name)
+			add("of its own and rules (imported above from the kernel, with fwMark), and an nftables table")
+			add("wg-quick-%s, not imported: it drops packets for %s's addresses that come in by another", name, name)
+			add("interface and carries the fwmark through conntrack. It is no kill switch: nothing in it stops")
+			add("traffic leaving by another interface while %s is down (nodeagent's firewall.killSwitch does)", name)
 		}
 		if len(routes) > 0 {
 			b.notes = append(b.notes, fmt.Sprintf("%s: wg-quick's main-table routes (%d) stay until the reboot and are not made again by nodeagent; see the comment at wireguard %s", name, len(routes), name))
@@ -738,29 +824,31 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 	if wq.SaveConfig {
 		add("wg-quick SaveConfig = true: nodeagent never writes /etc/wireguard/%s.conf; peers live in peersDir", name)
 	}
+	// The hooks' text is never in the config, which is 0644 and copied
+	// around: a hook may carry a token or a password. The config says what
+	// each did; the lines themselves go to the notes file, root's only.
 	down := false
-	for _, h := range wq.Hooks {
+	for i, h := range wq.Hooks {
 		cmd := strings.ReplaceAll(h.Command, "%i", name)
+		where := fmt.Sprintf("%s's %s (hook %d of /etc/wireguard/%s.conf)", name, h.When, i+1, name)
+		b.private = append(b.private, fmt.Sprintf("%s:\n  %s = %s", where, h.When, h.Command))
 		r := parseHook(cmd)
 		if h.When == "PreDown" || h.When == "PostDown" {
 			if len(r.masq)+len(r.forward)+len(r.sysctls) > 0 || (len(r.other) == 0 && cmd != "") {
 				down = true
 			}
 			for _, o := range r.other {
-				add("not imported: %s = %s", h.When, redact(o))
+				b.unrun = append(b.unrun, where)
+				add("%s: %s (the line is in %s)", where, commandKind(o), NotesName)
 			}
 			continue
 		}
-		if len(r.masq)+len(r.forward) > 0 {
-			// The line itself, so the operator can find it in the file.
-			add("%s = %s", h.When, redact(cmd))
-		}
 		for _, m := range r.masq {
-			add("  masquerades %s out %s: see firewall.masquerade at the end", m.from, m.out)
+			add("%s masquerades %s out %s: see firewall.masquerade at the end", where, m.from, m.out)
 			b.addMasq(m)
 		}
 		for _, f := range r.forward {
-			add("  accepts forwarding in %s out %s: see firewall.forward at the end", f.in, f.out)
+			add("%s accepts forwarding in %s out %s: see firewall.forward at the end", where, f.in, f.out)
 			b.addForward(f)
 		}
 		for _, kv := range r.sysctls {
@@ -768,10 +856,11 @@ func (b *builder) wgQuickExtras(name string, wq WGQuickFile) []string {
 				b.sysctls[kv[0]] = kv[1]
 				b.sysctlWhy[kv[0]] = fmt.Sprintf("from %s's %s (wg-quick)", name, h.When)
 			}
-			add("%s sets %s=%s: see sysctls", h.When, kv[0], kv[1])
+			add("%s sets %s=%s: see sysctls", where, kv[0], kv[1])
 		}
 		for _, o := range r.other {
-			add("not imported: %s = %s", h.When, redact(o))
+			b.unrun = append(b.unrun, where)
+			add("%s: %s (the line is in %s)", where, commandKind(o), NotesName)
 		}
 	}
 	if down {
@@ -808,6 +897,19 @@ func (b *builder) addForward(f forward) {
 // whether nodeagent's nftables table replaces iptables rules is the
 // operator's call.
 func (b *builder) writeFirewall(out *strings.Builder) {
+	if b.pia != "" && len(b.piaSources) > 0 {
+		// Forwarded traffic from the sources routed into PIA's tunnel
+		// leaves by it alone, also while it is down (the switch-over's
+		// gap), and is masqueraded to the tunnel's address.
+		fmt.Fprintf(out, "firewall:\n  # what is routed into PIA's tunnel leaves by %s alone, and not at all while it is down\n  killSwitch:\n", b.pia)
+		for _, src := range b.piaSources {
+			fmt.Fprintf(out, "    - %s\n", flow("from", scalar(src), "allowOut", list([]string{b.pia})))
+		}
+		out.WriteString("  masquerade:\n")
+		for _, src := range b.piaSources {
+			fmt.Fprintf(out, "    - %s\n", flow("from", scalar(src), "out", scalar(b.pia)))
+		}
+	}
 	if len(b.masq) == 0 && len(b.forward) == 0 {
 		return
 	}
@@ -817,15 +919,58 @@ func (b *builder) writeFirewall(out *strings.Builder) {
 	if len(b.masq) > 0 {
 		out.WriteString("#   masquerade:\n")
 		for _, m := range b.masq {
-			fmt.Fprintf(out, "#     - %s\n", flow("from", scalar(m.from), "out", scalar(m.out)))
+			name, wild := strings.CutSuffix(m.out, "+")
+			if !wild {
+				fmt.Fprintf(out, "#     - %s\n", flow("from", scalar(m.from), "out", scalar(m.out)))
+				continue
+			}
+			// iptables' -o eth+ is every interface whose name starts with
+			// eth; nodeagent's out is one interface, compared byte for
+			// byte (an eth+ would never match): the node's such links,
+			// one entry each.
+			links := b.expandWild(m.out)
+			fmt.Fprintf(out, "#     # -o %s is every interface whose name starts with %s; nodeagent's out names one:\n", m.out, name)
+			if len(links) == 0 {
+				fmt.Fprintf(out, "#     # this node has none now: add an entry for each that comes\n")
+				continue
+			}
+			fmt.Fprintf(out, "#     # the ones this node has now (one that comes later needs an entry of its own)\n")
+			for _, l := range links {
+				fmt.Fprintf(out, "#     - %s\n", flow("from", scalar(m.from), "out", scalar(l)))
+			}
 		}
 	}
 	if len(b.forward) > 0 {
 		out.WriteString("#   forward:\n")
 		for _, f := range b.forward {
-			fmt.Fprintf(out, "#     - %s\n", flow("in", scalar(f.in), "out", scalar(f.out)))
+			ins, outs := b.expandWild(f.in), b.expandWild(f.out)
+			if strings.HasSuffix(f.in, "+") || strings.HasSuffix(f.out, "+") {
+				fmt.Fprintf(out, "#     # -i %s -o %s: a name ending in + is every interface it starts; nodeagent's names one: the node's now\n", f.in, f.out)
+			}
+			for _, i := range ins {
+				for _, o := range outs {
+					fmt.Fprintf(out, "#     - %s\n", flow("in", scalar(i), "out", scalar(o)))
+				}
+			}
 		}
 	}
+}
+
+// expandWild is an iptables interface name as the config's names: itself,
+// or for one ending in + (every interface whose name starts with the
+// rest) the node's links that do.
+func (b *builder) expandWild(name string) []string {
+	prefix, wild := strings.CutSuffix(name, "+")
+	if !wild {
+		return []string{name}
+	}
+	var out []string
+	for _, l := range b.s.Links {
+		if strings.HasPrefix(l.Name, prefix) {
+			out = append(out, l.Name)
+		}
+	}
+	return out
 }
 
 // routeTables are the ids of the tables whose routes are imported: not
@@ -843,6 +988,19 @@ func (b *builder) routeTables() []int {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// allTables are the ids of every table with a route but main, default
+// and local, the kernel's routes counted: Cilium's, say, are of protocol
+// kernel.
+func (b *builder) allTables() []int {
+	ids := map[int]bool{}
+	for _, r := range b.s.Routes {
+		if reservedTableNames[r.Table] == "" && r.Table != 0 {
+			ids[r.Table] = true
+		}
+	}
+	return sortedInts(ids)
 }
 
 var tableNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -874,10 +1032,16 @@ func isDefaultRule(r Rule) bool {
 
 // buildRules renders the rules and records the tables they look up.
 func (b *builder) buildRules() []string {
-	if !b.selected("rules") {
-		return nil
+	var rules []Rule
+	for i, r := range b.s.Rules {
+		switch {
+		case isDefaultRule(r):
+		case b.scope.rules[i]:
+			rules = append(rules, r)
+		default:
+			b.foreignRule(r)
+		}
 	}
-	rules := slices.Clone(b.s.Rules)
 	slices.SortStableFunc(rules, func(x, y Rule) int {
 		return cmp.Or(cmp.Compare(x.Priority, y.Priority), strings.Compare(x.Family, y.Family))
 	})
@@ -1003,7 +1167,10 @@ func ruleText(r Rule) string {
 		w = append(w, "oif", r.OIF)
 	}
 	if r.Action == "table" {
-		w = append(w, "lookup", strconv.Itoa(r.Table))
+		w = append(w, "lookup", cmp.Or(reservedTableNames[r.Table], strconv.Itoa(r.Table)))
+		if r.SuppressPrefixLength != nil {
+			w = append(w, "suppress_prefixlength", strconv.Itoa(*r.SuppressPrefixLength))
+		}
 	} else {
 		w = append(w, r.Action)
 	}
@@ -1024,6 +1191,9 @@ func routeText(r Route) string {
 		}
 	}
 	w = append(w, to)
+	if r.From != "" {
+		w = append(w, "from", r.From)
+	}
 	if r.Via != "" {
 		w = append(w, "via", r.Via)
 	}
@@ -1047,9 +1217,13 @@ func routeText(r Route) string {
 // buildTables renders routing.tables: the selected tables with routes,
 // and the tables imported rules look up.
 func (b *builder) buildTables() []string {
-	for _, id := range b.routeTables() {
-		if b.selected(strconv.Itoa(id), b.s.TableNames[id]) {
+	imported := b.routeTables()
+	for _, id := range b.allTables() {
+		switch {
+		case b.scope.tables[id] && slices.Contains(imported, id):
 			b.tables[id] = true
+		case !b.scope.tables[id]:
+			b.foreignTable(id)
 		}
 	}
 	var lines []string
@@ -1061,6 +1235,11 @@ func (b *builder) buildTables() []string {
 			lines = append(lines, fmt.Sprintf("  # %s names it %s and stays as it is; a name: here would have nodeagent write it again in %s", b.s.TableNameFiles[id], n, ownNamesFile))
 		} else if n != "" {
 			lines = append(lines, fmt.Sprintf("  # rt_tables names it %q, which is not a name the config takes", n))
+		}
+		if b.piaTables[id] {
+			lines = append(lines, fmt.Sprintf("  # the way into PIA's tunnel: closed (unreachable) whenever %s is not there, through the", b.pia),
+				"  # switch-over's gap too",
+				"  killSwitch: true")
 		}
 		routes, comments, ks := b.tableRoutes(id)
 		if ks {
@@ -1124,6 +1303,10 @@ func (b *builder) tableRoutes(id int) (routes, comments []string, ks bool) {
 	seen := map[key]bool{}
 	for _, r := range rs {
 		switch {
+		case r.From != "":
+			b.notes = append(b.notes, fmt.Sprintf("table %d: %s is source-specific (from %s), which nodeagent's routes cannot say: not imported, left as it is, and nodeagent's own routes never replace it", id, routeText(r), r.From))
+			comments = append(comments, "# not imported: "+routeText(r)+"; a source-specific route (from), which nodeagent's routes cannot say: left as it is, never replaced")
+			continue
 		case r.Protocol == protoKernel:
 			continue
 		case r.Multipath:
@@ -1203,6 +1386,8 @@ func boolCmp(x, y bool) int {
 func (b *builder) devComment(dev string) string {
 	l, ok := b.links[dev]
 	switch {
+	case dev == b.pia:
+		return "" // nodeagent's own once the scripts' is gone
 	case !ok:
 		return fmt.Sprintf("# %s is not in this namespace: its routes wait for it", dev)
 	case unmanagedKind(l.Kind) != "" && l.Kind != "veth":
@@ -1220,6 +1405,10 @@ func (b *builder) mainRoutes() []string {
 			continue
 		}
 		if b.only != nil && !b.only[r.Dev] {
+			continue
+		}
+		if o := linkOwner(r.Dev); o != "" {
+			rs = append(rs, routeText(r)+": "+o)
 			continue
 		}
 		rs = append(rs, routeText(r))
@@ -1266,8 +1455,15 @@ func (b *builder) steps() []string {
 	root := b.o.Root
 	st := []string{
 		fmt.Sprintf("install -d -m 0755 %s && cp -a %s/* %s/   # as root: keys stay 0600, key directories 0700", root, b.o.Out, root),
-		"nodeagent validate",
-		"nodeagent plan   # expect only adoptions (~ ... adopt), nothing added or removed",
+	}
+	if b.piaCredStep != "" {
+		st = append(st, b.piaCredStep)
+	}
+	st = append(st, "nodeagent validate")
+	if b.pia != "" {
+		st = append(st, fmt.Sprintf("nodeagent plan   # expect adoptions, the kill switch added, and %s left alone while the scripts' tunnel is there", b.pia))
+	} else {
+		st = append(st, "nodeagent plan   # expect only adoptions (~ ... adopt), nothing added or removed")
 	}
 	slices.Sort(b.wgUnits)
 	for _, n := range b.wgUnits {
@@ -1296,8 +1492,20 @@ func (b *builder) steps() []string {
 			unmade = append(unmade, l)
 		}
 	}
+	// The owners' retiring steps, for the links imported: each link is
+	// made by nothing but nodeagent after the reboot.
+	var own []owners.Owner
+	for _, o := range b.s.Owners {
+		if b.used[o.Link] {
+			own = append(own, o)
+		}
+	}
+	st = append(st, owners.Steps(own)...)
+	unmade = slices.DeleteFunc(unmade, func(l string) bool {
+		return slices.ContainsFunc(own, func(o owners.Owner) bool { return o.Link == l && (o.Makes || o.Kind == owners.Networkd) })
+	})
 	if len(unmade) > 0 {
-		b.notes = append(b.notes, fmt.Sprintf("no unit in /etc/systemd/system makes %s: if ifupdown (/etc/network/interfaces), systemd-networkd or NetworkManager does, remove it there before the reboot", strings.Join(unmade, ", ")))
+		b.notes = append(b.notes, fmt.Sprintf("nothing found makes %s (no unit running ip link add, no systemd-networkd, netplan, ifupdown or NetworkManager file under /etc): if something else does, retire it before the reboot", strings.Join(unmade, ", ")))
 	}
 	for _, u := range slices.Compact(units) {
 		st = append(st, fmt.Sprintf("systemctl disable %s   # it made links nodeagent now makes; do not stop it", u))
@@ -1305,8 +1513,19 @@ func (b *builder) steps() []string {
 	if len(b.masq)+len(b.forward) > 0 {
 		st = append(st, fmt.Sprintf("edit %s: uncomment the firewall section (wg-quick's hooks no longer run after the reboot)", path.Join(root, "nodeagent.yaml")))
 	}
+	if len(b.unrun) > 0 {
+		b.notes = append(b.notes, fmt.Sprintf("%d hook command(s) nodeagent does not run or translate (%s): after the reboot nothing runs them; their lines are in %s, root's only",
+			len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; "), NotesName))
+		st = append(st, fmt.Sprintf("read %s (root's only): %d hook command(s) nodeagent does not run (%s); do what they did some other way, or nothing does after the reboot",
+			path.Join(b.o.Out, NotesName), len(b.unrun), strings.Join(slices.Compact(slices.Clone(b.unrun)), "; ")))
+	}
+	if b.pia != "" {
+		st = append(st, fmt.Sprintf("systemctl enable --now nodeagent   # the kill switch closes the VLAN to all but %s now; the scripts' tunnel still carries it", b.pia))
+		st = append(st, b.piaSteps()...)
+	} else {
+		st = append(st, "systemctl enable --now nodeagent")
+	}
 	st = append(st,
-		"systemctl enable --now nodeagent",
 		"nodeagent plan   # expect nothing to change",
 		"reboot   # proves the node comes up from nodeagent alone; then nodeagent plan again",
 	)

@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
+	"github.com/nodeagent/nodeagent/netcfg/owners"
 )
 
 // maxFile bounds every file read from /etc: a wg-quick file of thousands
@@ -57,6 +58,20 @@ func ReadFiles(etc string, s *Snapshot) {
 			}
 		}
 	}
+	// The network configuration files that make the links nodeagent may
+	// import (their owners, retired by the switch-over's steps).
+	var links []string
+	for _, l := range s.Links {
+		if l.Kind == "vlan" || l.Kind == "macvlan" || l.Kind == "wireguard" {
+			links = append(links, l.Name)
+		}
+	}
+	for _, w := range s.WGQuick {
+		links = append(links, w.Name)
+	}
+	own, problems := owners.Read(etc, links)
+	s.Owners = append(s.Owners, own...)
+	s.Problems = append(s.Problems, problems...)
 	for _, f := range listDir(filepath.Join(etc, "systemd", "system"), ".service", s, false) {
 		data, err := fsafe.ReadFile(f, fileRules)
 		if err != nil {
@@ -66,7 +81,65 @@ func ReadFiles(etc string, s *Snapshot) {
 		if links := unitLinks(string(data)); len(links) > 0 {
 			s.Units = append(s.Units, Unit{Name: filepath.Base(f), Links: links})
 		}
+		if p, ok := piaUnit(etc, filepath.Base(f), string(data), s); ok {
+			if s.PIA == nil {
+				s.PIA = &PIAScripts{}
+			}
+			s.PIA.merge(p)
+		}
 	}
+}
+
+// piaUnit reads a unit that runs PIA's manual-connections scripts: its
+// name, and the region and account its Environment= lines or its
+// EnvironmentFile= (read like any file under /etc) give them.
+func piaUnit(etc, name, text string, s *Snapshot) (PIAScripts, bool) {
+	var p PIAScripts
+	env := map[string]string{}
+	runs := false
+	for line := range strings.SplitSeq(text, "\n") {
+		key, val, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		key = strings.TrimSpace(key)
+		switch {
+		case strings.HasPrefix(key, "Exec"):
+			for _, sc := range piaScripts {
+				runs = runs || strings.Contains(val, sc)
+			}
+		case key == "Environment":
+			for _, kv := range strings.Fields(strings.NewReplacer("\"", " ").Replace(val)) {
+				if k, v, ok := strings.Cut(kv, "="); ok && slices.Contains(piaEnv, k) {
+					env[k] = v
+				}
+			}
+		case key == "EnvironmentFile":
+			path := strings.TrimPrefix(strings.TrimSpace(val), "-")
+			if rel, ok := strings.CutPrefix(path, "/etc/"); ok {
+				path = filepath.Join(etc, rel)
+			}
+			data, err := fsafe.ReadFile(path, fileRules)
+			if err != nil {
+				if !errors.Is(err, fs.ErrNotExist) {
+					s.Problems = append(s.Problems, problem(err))
+				}
+				continue
+			}
+			for l := range strings.SplitSeq(string(data), "\n") {
+				k, v, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "export ")), "=")
+				if ok && slices.Contains(piaEnv, k) {
+					env[k] = strings.Trim(v, "\"'")
+				}
+			}
+		}
+	}
+	if !runs {
+		return p, false
+	}
+	p.Units = []string{name}
+	p.setEnv(env)
+	return p, true
 }
 
 // problem is err as one line: fsafe's errors name the file and the reason

@@ -48,6 +48,9 @@ func describe(r Result) string {
 	for _, f := range r.Files {
 		fmt.Fprintf(&b, "== %s %04o\n%s", f.Path, f.Mode, f.Data)
 	}
+	if r.Private != "" {
+		fmt.Fprintf(&b, "== %s 0600\n%s", NotesName, r.Private)
+	}
 	b.WriteString("== steps\n")
 	for _, s := range r.Steps {
 		b.WriteString(s + "\n")
@@ -222,8 +225,14 @@ func TestFixedPoint(t *testing.T) {
 					s.Links[i].Alias = "nodeagent"
 				}
 			}
+			// The rules the config declares are nodeagent's now; the
+			// others (another daemon's) are as they were.
+			declared := map[int]bool{}
+			for _, r := range cfg.Routing.Rules {
+				declared[r.Priority] = true
+			}
 			for i, r := range s.Rules {
-				if !isDefaultRule(r) {
+				if !isDefaultRule(r) && declared[r.Priority] {
 					s.Rules[i].Protocol = 147
 				}
 			}
@@ -239,7 +248,12 @@ func TestFixedPoint(t *testing.T) {
 				}
 				s.TableNames[id] = n
 			}
-			s.WGQuickUnits = nil
+			// The units are disabled; a device that was down stays
+			// enabled here, standing for the device nodeagent made (this
+			// snapshot has no kernel state of it).
+			s.WGQuickUnits = slices.DeleteFunc(s.WGQuickUnits, func(n string) bool {
+				return slices.ContainsFunc(s.Links, func(l Link) bool { return l.Name == n })
+			})
 			again, err := Build(s, o)
 			if err != nil {
 				t.Fatal(err)

@@ -225,3 +225,35 @@ var keyRE = regexp.MustCompile(`[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=`)
 func redact(s string) string {
 	return keyRE.ReplaceAllString(s, "(key)")
 }
+
+// NotesName is the notes file in the output directory: 0600, root's only,
+// for what the 0644 config must not hold (hook lines, which may carry a
+// token or a password).
+const NotesName = "import-notes.txt"
+
+// commandKind names what a hook command runs without quoting it: its
+// program, when that is a plain word (after any VAR=value assignments),
+// and what it is for where that is known. Nothing of its arguments, which
+// may be secrets.
+func commandKind(cmd string) string {
+	f := strings.Fields(strings.NewReplacer("'", " ", "\"", " ").Replace(cmd))
+	for len(f) > 0 && strings.Contains(f[0], "=") {
+		f = f[1:]
+	}
+	if len(f) == 0 {
+		return "a command, which nodeagent does not run"
+	}
+	prog := filepath.Base(f[0])
+	if !progRE.MatchString(prog) {
+		return "a command, which nodeagent does not run"
+	}
+	switch {
+	case strings.HasPrefix(prog, "iptables") || strings.HasPrefix(prog, "ip6tables"):
+		return "an " + prog + " rule nodeagent cannot translate, and does not run"
+	case prog == "nft":
+		return "an nft command nodeagent cannot translate, and does not run"
+	}
+	return "a " + prog + " command, which nodeagent does not run"
+}
+
+var progRE = regexp.MustCompile(`^[a-z][a-z0-9_.+-]{0,31}$`)

@@ -27,6 +27,10 @@ type ReadOptions struct {
 	// ProcSys is the directory that stands for /proc/sys (default
 	// /proc/sys); it is read from inside the handle's namespace.
 	ProcSys string
+	// Proc and Opt stand for /proc and /opt (defaults), where PIA's
+	// manual-connections scripts are found: their processes, their
+	// /opt/piavpn-manual.
+	Proc, Opt string
 }
 
 // SysctlKeys are the sysctls Read looks at, in the config's syntax: the
@@ -64,11 +68,18 @@ func Read(ctx context.Context, h *host.Host, o ReadOptions) (Snapshot, error) {
 	if o.ProcSys == "" {
 		o.ProcSys = sysctl.DefaultRoot
 	}
+	if o.Proc == "" {
+		o.Proc = "/proc"
+	}
+	if o.Opt == "" {
+		o.Opt = "/opt"
+	}
 	var s Snapshot
 	if err := readKernel(ctx, h, o, &s); err != nil {
 		return s, err
 	}
 	ReadFiles(o.Etc, &s)
+	readPIA(o.Proc, o.Opt, &s)
 	return s, nil
 }
 
@@ -122,15 +133,15 @@ func readKernel(ctx context.Context, h *host.Host, o ReadOptions, s *Snapshot) e
 		}
 		s.Rules = append(s.Rules, ruleOf(r))
 	}
+	// nodeagent's own reader: it reads what vishvananda/netlink does not
+	// (an IPv6 route's from, the attributes the config cannot say).
+	routes, err := host.Retry(h.RouteListAll)
+	if err != nil {
+		return err
+	}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		routes, err := host.Retry(func() ([]netlink.Route, error) {
-			return h.NL().RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-		})
-		if err != nil {
-			return fmt.Errorf("dump routes: %w", err)
-		}
 		for _, r := range routes {
-			if r.Table == unix.RT_TABLE_LOCAL {
+			if r.Family != fam || r.Table == unix.RT_TABLE_LOCAL {
 				continue
 			}
 			s.Routes = append(s.Routes, routeOf(fam, r, names))
@@ -227,14 +238,14 @@ var routeTypes = map[int]string{
 	unix.RTN_NAT: "nat",
 }
 
-func routeOf(fam int, r netlink.Route, names map[int]string) Route {
+func routeOf(fam int, r host.Route, names map[int]string) Route {
 	out := Route{Table: r.Table, Metric: r.Priority, Scope: scopeName(uint8(r.Scope)), Protocol: int(r.Protocol),
-		OnLink: r.Flags&unix.RTNH_F_ONLINK != 0, Multipath: len(r.MultiPath) > 0, Dev: names[r.LinkIndex]}
+		OnLink: r.Flags&unix.RTNH_F_ONLINK != 0, Multipath: r.MultiPath != nil, Dev: names[r.LinkIndex],
+		Extra: r.Extra}
 	out.Type = routeTypes[r.Type]
 	if out.Type == "" {
 		out.Type = fmt.Sprint(r.Type)
 	}
-	out.Extra = routeExtras(r)
 	switch {
 	case r.Dst != nil:
 		out.To = prefixString(r.Dst)
@@ -243,35 +254,14 @@ func routeOf(fam int, r netlink.Route, names map[int]string) Route {
 	default:
 		out.To = "0.0.0.0/0"
 	}
+	if r.From.IsValid() {
+		out.From = r.From.String()
+	}
 	if a, ok := netip.AddrFromSlice(r.Gw); ok && r.Gw != nil {
 		out.Via = a.Unmap().String()
 	}
 	if a, ok := netip.AddrFromSlice(r.Src); ok && r.Src != nil {
 		out.Src = a.Unmap().String()
-	}
-	return out
-}
-
-// routeExtras names what r has that the config's routes cannot say: a
-// route metric (mtu, advmss, ...), a tos, a realm, an encapsulation, an
-// MPLS destination.
-func routeExtras(r netlink.Route) []string {
-	var out []string
-	for _, a := range []struct {
-		set  bool
-		name string
-	}{
-		{r.MTU != 0, "mtu"}, {r.AdvMSS != 0, "advmss"}, {r.Hoplimit != 0, "hoplimit"}, {r.Window != 0, "window"},
-		{r.Rtt != 0, "rtt"}, {r.RttVar != 0, "rttvar"}, {r.Ssthresh != 0, "ssthresh"}, {r.Cwnd != 0, "cwnd"},
-		{r.InitCwnd != 0, "initcwnd"}, {r.InitRwnd != 0, "initrwnd"}, {r.RtoMin != 0, "rto_min"},
-		{r.QuickACK != 0, "quickack"}, {r.Congctl != "", "congctl"}, {r.FastOpenNoCookie != 0, "fastopen_no_cookie"},
-		{r.Reordering != 0, "reordering"}, {r.Features != 0, "features"},
-		{r.Tos != 0, "tos"}, {r.Realm != 0, "realm"}, {r.Encap != nil, "encap"}, {r.Via != nil, "via (another family)"},
-		{r.NewDst != nil || r.MPLSDst != nil, "mpls"},
-	} {
-		if a.set {
-			out = append(out, a.name)
-		}
 	}
 	return out
 }

@@ -19,6 +19,8 @@
 // replaced.
 package importer
 
+import "github.com/nodeagent/nodeagent/netcfg/owners"
+
 // Snapshot is what a node has, as Read found it.
 type Snapshot struct {
 	// Links are the namespace's links, by name.
@@ -49,6 +51,13 @@ type Snapshot struct {
 	// Units are the /etc/systemd/system/*.service files whose ExecStart
 	// (or ExecStartPre/Post) runs ip link add, with the links they make.
 	Units []Unit `json:"units,omitempty"`
+	// Owners are the network configuration files (systemd-networkd,
+	// netplan, ifupdown, NetworkManager) that make or configure the VLAN,
+	// macvlan and WireGuard links.
+	Owners []owners.Owner `json:"owners,omitempty"`
+	// PIA is what PIA's manual-connections scripts left (their processes,
+	// /opt/piavpn-manual, the units that run them), nil for none.
+	PIA *PIAScripts `json:"pia,omitempty"`
 	// Problems are what could not be read (not root, a file refused), one
 	// line each, without any file's contents.
 	Problems []string `json:"problems,omitempty"`
@@ -136,10 +145,13 @@ type Rule struct {
 type Route struct {
 	Table int `json:"table"`
 	// To is a prefix, 0.0.0.0/0 or ::/0 for a default route.
-	To  string `json:"to"`
-	Via string `json:"via,omitempty"`
-	Dev string `json:"dev,omitempty"`
-	Src string `json:"src,omitempty"`
+	To string `json:"to"`
+	// From is an IPv6 source-specific route's source prefix (`ip -6 route
+	// add ... from P`), "" for none: such a route is never imported.
+	From string `json:"from,omitempty"`
+	Via  string `json:"via,omitempty"`
+	Dev  string `json:"dev,omitempty"`
+	Src  string `json:"src,omitempty"`
 	// Metric is the route's priority (IPv6's default 1024 as the kernel
 	// reports it).
 	Metric int `json:"metric,omitempty"`

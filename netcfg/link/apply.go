@@ -89,7 +89,7 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			// No detection: the address is on this link, only in another
 			// form or without the mark. One that lacks only the mark is
 			// never deleted to get it (the package comment).
-			_, err = h.AddrReown(host.Addr{LinkIndex: index[o.Link], Prefix: o.Addr, Flags: o.OldAddr.Flags}, len(o.OldAddr.Form) == 0)
+			_, err = h.AddrReown(host.Addr{LinkIndex: index[o.Link], Prefix: o.Addr, Flags: o.OldAddr.Flags}, o.InPlace || len(o.OldAddr.Form) == 0)
 			if err == nil && o.Addr.Addr().Is4() {
 				mem := claimsOf(h)
 				mem.mu.Lock()
@@ -194,9 +194,14 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 	}
 	mem := claimsOf(h)
 	var quickIDs, fullIDs []int
+	claimIDs := map[arp.Config][]int{}
 	now := time.Now()
 	for _, i := range ids {
 		o := p.Ops[i]
+		if cfg, ok := d.Claim[o.Addr.Addr()]; ok && o.Addr.Addr().Is4() {
+			claimIDs[cfg] = append(claimIDs[cfg], i)
+			continue
+		}
 		if d.DAD != nil && o.Addr.Addr().Is4() && mem.recent(o.Link, o.Addr.Addr(), now) {
 			quickIDs = append(quickIDs, i)
 		} else {
@@ -206,12 +211,13 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 
 	// A link that is down cannot probe; its addresses are added unprobed.
 	conns := map[string]*arp.Conn{}
-	if d.DAD != nil {
+	if d.DAD != nil || len(claimIDs) > 0 {
 		var ifis []*net.Interface
 		seen := map[string]bool{}
 		for _, i := range ids {
 			o := p.Ops[i]
-			if seen[o.Link] || !up[o.Link] || !o.Addr.Addr().Is4() {
+			_, claim := d.Claim[o.Addr.Addr()]
+			if seen[o.Link] || !up[o.Link] || !o.Addr.Addr().Is4() || (d.DAD == nil && !claim) {
 				continue
 			}
 			seen[o.Link] = true
@@ -230,12 +236,21 @@ func addAddrs(ctx context.Context, h *host.Host, p Plan, ids []int, index map[st
 		}
 	}
 	var announcing sync.WaitGroup
+	// A role's claims first: a take-over waits for no other address's
+	// detection.
+	for cfg, cids := range claimIDs {
+		probeAdd(ctx, h, p, cids, cfg, index, conns, &announcing, r)
+	}
 	if len(quickIDs) > 0 {
 		probeAdd(ctx, h, p, quickIDs, quick(*d.DAD), index, conns, &announcing, r)
 	}
 	cfg := arp.Config{}
 	if d.DAD != nil {
 		cfg = *d.DAD
+	} else {
+		// Detection is off: the sockets opened for a role's claims do
+		// not probe the other addresses of their links.
+		conns = nil
 	}
 	probeAdd(ctx, h, p, fullIDs, cfg, index, conns, &announcing, r)
 	announcing.Wait()

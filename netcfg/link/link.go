@@ -21,12 +21,16 @@
 // before nodeagent ran looks) is that it is never deleted to be marked:
 // it gets the mark in place, with one NLM_F_REPLACE message that changes
 // nothing else, where the kernel sets IFA_PROTO that way (IPv6 from Linux
-// 6.1, IPv4 from 6.3). Where it does not (IPv4 on 6.1 and 6.2, as in
+// 6.1, IPv4 from 6.4). Where it does not (IPv4 before 6.4: 6.1, as in
 // Debian 12), such an address is accepted as it stands on an owned link
 // and on one being adopted: no op, and, carrying no mark, it is not
 // deleted when the config drops it. An address in any other form is
-// re-owned on an owned or adopted link, by deleting and adding it when the
-// kernel cannot change its form in place (noprefixroute on IPv4).
+// re-owned on an owned link, by deleting and adding it when the kernel
+// cannot change its form in place (noprefixroute on IPv4), except on a
+// link the config marks adopt: true, where nothing is ever deleted to be
+// adopted: what a replace cannot fix is kept as it is, and the adoption's
+// plan line says so (NetworkManager's noprefixroute address, whose
+// deletion would take the routes with it as their src).
 package link
 
 import (
@@ -74,6 +78,11 @@ type Desired struct {
 	Links []Link
 	// DAD configures duplicate-address detection; nil turns it off.
 	DAD *arp.Config
+	// Claim is, per address, the detection and announcements its claim
+	// takes instead of DAD's: a role's gateway address, which must move
+	// between nodes within a second or two and be announced so that
+	// neighbours follow (agent/gateway). Used whether DAD is on or off.
+	Claim map[netip.Addr]arp.Config
 }
 
 // ObservedLink is one link as the kernel has it.
@@ -166,8 +175,15 @@ type Op struct {
 	Addr    netip.Prefix     // for address ops
 	OldAddr ObservedAddr     // for a re-own: the address as it was found
 	Adopt   bool             // for a re-own: marks a plain address on a link being adopted
-	Reason  string           // for conflicts and recreations
-	Wait    string           // for pending: the parent it waits for
+	// InPlace: a re-own that never deletes the address (an adopt: true
+	// link's): what one replace cannot fix is left as it is.
+	InPlace bool
+	// Kept are, for an adoption, the configured addresses taken as they
+	// are, with why ("noprefixroute: the kernel cannot change an IPv4
+	// address's flags in place"): the plan says which.
+	Kept   []string
+	Reason string // for conflicts and recreations
+	Wait   string // for pending: the parent it waits for
 }
 
 // Action returns the op's plan symbol.
@@ -190,7 +206,7 @@ func (o Op) Entry() plan.Entry {
 		kind = plan.KindAddress
 	}
 	e := plan.Entry{Subsystem: plan.Links, Kind: kind, Action: plan.Action(o.Action()), Object: o.Object(), Text: o.String(),
-		Adopt: (o.Kind == OpAdoptLink && !o.Old.Interrupted) || (o.Kind == OpReownAddr && o.Adopt)}
+		Adopt: (o.Kind == OpAdoptLink && !o.Old.Interrupted) || (o.Kind == OpReownAddr && (o.Adopt || o.InPlace))}
 	switch o.Kind {
 	case OpConflict:
 		e.Err = fmt.Errorf("%s: %s", o.Object(), o.Reason)
@@ -228,6 +244,9 @@ func (o Op) String() string {
 			s = fmt.Sprintf("link %s mark (its creation was interrupted)", o.Link)
 		} else {
 			s = fmt.Sprintf("link %s adopt (mark as nodeagent's)", o.Link)
+			if len(o.Kept) > 0 {
+				s = fmt.Sprintf("link %s adopt (mark as nodeagent's; kept as they are, never deleted to be marked: %s)", o.Link, strings.Join(o.Kept, "; "))
+			}
 		}
 	case OpSetMAC:
 		s = fmt.Sprintf("link %s mac %s -> %s", o.Link, o.OldMAC, o.Desired.MAC)
@@ -238,9 +257,12 @@ func (o Op) String() string {
 	case OpAddAddr, OpDelAddr:
 		s = o.Object()
 	case OpReownAddr:
-		if o.Adopt {
+		switch {
+		case o.Adopt:
 			s = fmt.Sprintf("adopt %s (mark as nodeagent's)", o.Object())
-		} else {
+		case o.InPlace:
+			s = fmt.Sprintf("adopt %s (mark as nodeagent's in place, was %s)", o.Object(), o.Reason)
+		default:
 			s = fmt.Sprintf("re-own %s (%s)", o.Object(), o.Reason)
 		}
 	case OpConflict:

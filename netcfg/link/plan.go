@@ -108,14 +108,35 @@ func planLink(l Link, want map[string]Link, o Observed) []Op {
 	}
 	// A link has a handful of addresses: scanning beats building maps, and
 	// this runs for every link on every sync.
+	var kept []string
 	for _, a := range l.Addrs {
 		i := slices.IndexFunc(ol.Addrs, func(o ObservedAddr) bool { return o.Prefix == a })
 		if i < 0 {
 			ops = append(ops, Op{Kind: OpAddAddr, Link: l.Name, Addr: a})
 			continue
 		}
-		if op, ok := reown(l.Name, ol, ol.Addrs[i]); ok {
+		oa := ol.Addrs[i]
+		if l.Adopt && !oa.ours() {
+			// Never delete to adopt: marked in place where the kernel
+			// can, else taken as it is.
+			if why := notInPlace(oa); why != "" {
+				kept = append(kept, fmt.Sprintf("%s (%s)", oa.Prefix, why))
+				continue
+			}
+			op, _ := reown(l.Name, ol, oa)
+			op.InPlace = true
 			ops = append(ops, op)
+			continue
+		}
+		if op, ok := reown(l.Name, ol, oa); ok {
+			ops = append(ops, op)
+		}
+	}
+	if len(kept) > 0 && !ol.Owned {
+		for i := range ops {
+			if ops[i].Kind == OpAdoptLink {
+				ops[i].Kept = kept
+			}
 		}
 	}
 	for _, a := range ol.Addrs {
@@ -143,6 +164,33 @@ func reown(link string, ol ObservedLink, oa ObservedAddr) (Op, bool) {
 	op.Reason = strings.Join(why, ", ")
 	op.Adopt = !ol.Owned && len(oa.Form) == 0
 	return op, true
+}
+
+// notInPlace says why the kernel cannot give oa, an address not nodeagent's
+// or not in its form, nodeagent's mark and form with one replace, which
+// never takes it off the link (host.Host.AddrReown says what a replace
+// changes): "" when it can. IPv6 takes a new mark, flags and lifetimes
+// but keeps a metric; IPv4 takes lifetimes and a metric, a mark only from
+// Linux 6.4, and never new flags.
+func notInPlace(oa ObservedAddr) string {
+	var flags []string
+	for _, f := range oa.Form {
+		if !strings.Contains(f, " ") { // a flag: noprefixroute, nodad, ...
+			flags = append(flags, f)
+		}
+	}
+	metric := slices.ContainsFunc(oa.Form, func(f string) bool { return strings.HasPrefix(f, "metric ") })
+	switch {
+	case oa.Prefix.Addr().Is4() && len(flags) > 0:
+		return strings.Join(flags, ", ") + ": the kernel cannot change an IPv4 address's flags in place"
+	case oa.Prefix.Addr().Is6() && metric:
+		return "a metric, which the kernel keeps through a replace"
+	case !oa.Owned && !oa.Markable && oa.Prefix.Addr().Is4():
+		return "the kernel marks an IPv4 address in place only from Linux 6.4"
+	case !oa.Owned && !oa.Markable:
+		return "the kernel cannot mark it in place (no IFA_PROTO before Linux 6.1)"
+	}
+	return ""
 }
 
 // waitingForParent returns the desired links that cannot be created yet,

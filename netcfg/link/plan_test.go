@@ -48,8 +48,11 @@ func TestMakePlan(t *testing.T) {
 			"- link enp1s0.50 (vlan 50 on enp1s0)\n"},
 		{"unmarked link is a conflict", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false }))},
 			"! link enp1s0.50: exists and was not created by nodeagent; left untouched (set adopt: true to take it over)\n"},
-		{"adopt marks a matching link", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false; l.Addrs[0].Owned = false }))},
+		{"adopt marks a matching link", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false }))},
 			"~ link enp1s0.50 adopt (mark as nodeagent's)\n"},
+		// Never delete to adopt: the plan says what is taken as it is.
+		{"adopt takes an IPv4 address as it is where the kernel cannot mark it", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false; l.Addrs[0].Owned = false }))},
+			"~ link enp1s0.50 adopt (mark as nodeagent's; kept as they are, never deleted to be marked: 10.10.50.1/24 (the kernel marks an IPv4 address in place only from Linux 6.4))\n"},
 		{"adopt refuses a link that differs", []Link{with(v50, func(l *Link) { l.Adopt = true; l.VLANID = 60 })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Owned = false }))},
 			"! link enp1s0.50: exists but cannot be adopted: vlan id 50 -> 60\n"},
 		// The kernel puts a macvlan on a macvlan on that one's parent.
@@ -96,11 +99,24 @@ func TestMakePlan(t *testing.T) {
 			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Markable: true}
 		}))},
 			"~ link enp1s0.50 adopt (mark as nodeagent's)\n~ adopt address 10.10.50.1/24 on enp1s0.50 (mark as nodeagent's)\n"},
-		{"adopt re-owns an address in another form", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+		{"adopt never deletes an IPv4 address in another form", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
 			l.Owned = false
 			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Form: []string{"noprefixroute"}, Markable: true}
 		}))},
-			"~ link enp1s0.50 adopt (mark as nodeagent's)\n~ re-own address 10.10.50.1/24 on enp1s0.50 (noprefixroute, not ours)\n"},
+			"~ link enp1s0.50 adopt (mark as nodeagent's; kept as they are, never deleted to be marked: 10.10.50.1/24 (noprefixroute: the kernel cannot change an IPv4 address's flags in place))\n"},
+		{"an adopted link's IPv4 address in another form stays so", []Link{with(v50, func(l *Link) { l.Adopt = true })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("10.10.50.1/24"), Form: []string{"noprefixroute"}, Markable: true}
+		}))}, ""},
+		{"adopt marks an IPv6 address in another form in place", []Link{with(v50, func(l *Link) { l.Adopt = true; l.Addrs = []netip.Prefix{pfx("fd00:50::1/64")} })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Owned = false
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("fd00:50::1/64"), Form: []string{"noprefixroute", "nodad"}, Markable: true}
+		}))},
+			"~ link enp1s0.50 adopt (mark as nodeagent's)\n~ adopt address fd00:50::1/64 on enp1s0.50 (mark as nodeagent's in place, was noprefixroute, nodad, not ours)\n"},
+		{"adopt keeps an IPv6 address with a metric", []Link{with(v50, func(l *Link) { l.Adopt = true; l.Addrs = []netip.Prefix{pfx("fd00:50::1/64")} })}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) {
+			l.Owned = false
+			l.Addrs[0] = ObservedAddr{Prefix: pfx("fd00:50::1/64"), Form: []string{"metric 100"}, Markable: true}
+		}))},
+			"~ link enp1s0.50 adopt (mark as nodeagent's; kept as they are, never deleted to be marked: fd00:50::1/64 (a metric, which the kernel keeps through a replace))\n"},
 		{"down", []Link{with(v50, func(l *Link) { l.Up = false })}, Observed{Links: links(trunk, v50obs)},
 			"~ link enp1s0.50 up -> down\n"},
 		{"interrupted create is marked", []Link{v50}, Observed{Links: links(trunk, withObs(v50obs, func(l *ObservedLink) { l.Interrupted = true }))},

@@ -18,6 +18,10 @@ import (
 type ObservedRoute struct {
 	Route
 	Owned bool
+	// Extra names what the kernel's route has that Route cannot say
+	// (route metrics such as mtu, tos, realm, encap): a replace with
+	// nodeagent's fields would drop them, so such a route is not adopted.
+	Extra []string
 }
 
 // ObservedRule is one rule of the kernel's.
@@ -88,6 +92,12 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 		if !owned && !tables[r.Table] {
 			continue
 		}
+		if r.From.IsValid() {
+			// A source-specific route (IPv6 `from`) is another route than
+			// one without a from: nodeagent makes none, never compares one
+			// with its own, and a route of its own never replaces it.
+			continue
+		}
 		if name, ok := names[r.LinkIndex]; ok {
 			// A route on a link no desired route names (an owned route
 			// left from an older config).
@@ -95,11 +105,11 @@ func Observe(ctx context.Context, s *host.Snapshot, d Desired) (Observed, error)
 				o.Links[name] = r.LinkIndex
 			}
 		}
-		or, ok := fromKernelRoute(r, names)
+		or, ok := fromKernelRoute(r.Route, names)
 		if !ok {
 			continue // multipath or MPLS: never nodeagent's
 		}
-		o.Routes = append(o.Routes, ObservedRoute{Route: or, Owned: owned})
+		o.Routes = append(o.Routes, ObservedRoute{Route: or, Owned: owned, Extra: r.Extra})
 	}
 	rules, err := h.RuleList()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/nodeagent/nodeagent/netcfg/host"
 	"github.com/nodeagent/nodeagent/netcfg/plan"
@@ -178,6 +179,8 @@ func MakePlan(d Desired, o Observed) Plan {
 			ops = append(ops, Op{Kind: OpPending, Route: r, Reason: fmt.Sprintf("device %s does not exist yet", r.Dev)})
 		case !exists:
 			ops = append(ops, Op{Kind: OpAddRoute, Route: r})
+		case !cur.Owned && d.AdoptRoutes[r] && len(cur.Extra) > 0:
+			ops = append(ops, Op{Kind: OpConflict, Route: r, Reason: fmt.Sprintf("the route there (%s) also has %s, which adopting it (a replace with nodeagent's fields) would drop; left untouched", cur.Route, strings.Join(cur.Extra, ", "))})
 		case !cur.Owned && d.AdoptRoutes[r]:
 			ops = append(ops, Op{Kind: OpAdoptRoute, Route: r, Old: cur.Route})
 		case !cur.Owned:

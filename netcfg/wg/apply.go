@@ -46,12 +46,12 @@ func (o Op) Entry() plan.Entry {
 	switch {
 	case o.Kind == OpAddAddr || o.Kind == OpDelAddr:
 		kind = plan.KindAddress
-	case o.Kind == OpAddPeer || o.Kind == OpRemovePeer || o.Kind == OpUpdatePeer || o.PeerID != (wgtypes.Key{}):
+	case o.PeerID != (wgtypes.Key{}):
 		kind = plan.KindWireGuardPeer
 	}
 	obj := o.Object()
 	e := plan.Entry{Subsystem: plan.WireGuard, Kind: kind, Action: plan.Action(o.Action()), Object: obj, Text: o.text(obj),
-		Adopt: o.Kind == OpMarkDevice && !o.Old.Interrupted}
+		Adopt: o.Kind == OpMarkDevice && !o.Old.Interrupted || o.Kind == OpKeepPeer}
 	if o.Kind == OpFail {
 		e.Err = opError(o)
 	}
@@ -167,6 +167,9 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 			if index == 0 {
 				index = o.Old.Index
 			}
+		case OpKeepPeer, OpForgetPeer:
+			// The record, not the kernel: the peer stays as it is.
+			err = h.setKept(o.Device, o.PeerID, o.Kind == OpKeepPeer)
 		}
 		if err != nil {
 			fail(i, err)

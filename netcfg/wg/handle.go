@@ -48,6 +48,10 @@ type Handle struct {
 	Log      *slog.Logger
 	// Now is the clock; nil means time.Now. Tests move it.
 	Now func() time.Time
+	// StateDir is the daemon's state directory, where the record of the
+	// peers kept from an adoption lives (kept.go); "" keeps that record
+	// in memory only.
+	StateDir string
 
 	client       *wgctrl.Client
 	kconn        *kernelConn // kernel devices' writes, packed as wg(8) packs them
@@ -63,6 +67,8 @@ type Handle struct {
 	// usBuf is the userspace devices' UAPI text buffer, kept from read to
 	// read (readUserspace).
 	usBuf []byte
+
+	kept keptStore
 
 	configWrites atomic.Int64
 	peerWrites   atomic.Int64

@@ -28,6 +28,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 		Kernel:    h.kernelHasWireGuard(),
 		Userspace: h.Userspace != nil,
 		Time:      h.now(),
+		Kept:      h.keptPeers(),
 	}
 	links, err := s.Links()
 	if err != nil {

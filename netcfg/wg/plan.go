@@ -163,17 +163,49 @@ func planPeers(ops []Op, d Device, od ObservedDevice, o Observed) []Op {
 	}
 	// The peers to remove, in key order (only they are sorted: with
 	// thousands of peers and nothing to remove there is nothing to sort).
-	var gone []wgtypes.Key
+	// An adoption never removes a peer: those the register lacks are kept
+	// and listed (kept.go), and stay so on later syncs.
+	adopting := !od.Owned && od.Impl != "" && d.Adopt
+	kept := o.Kept[d.Name]
+	var gone, keep []wgtypes.Key
 	if !d.KeepPeers {
 		for k := range od.Peers {
-			if !want[k] {
+			switch {
+			case want[k] || kept[k]:
+			case adopting:
+				keep = append(keep, k)
+			default:
 				gone = append(gone, k)
 			}
 		}
 	}
-	slices.SortFunc(gone, func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) })
+	byKey := func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) }
+	slices.SortFunc(gone, byKey)
+	slices.SortFunc(keep, byKey)
 	for _, k := range gone {
 		ops = append(ops, Op{Kind: OpRemovePeer, Device: d.Name, PeerID: k})
+	}
+	for _, k := range keep {
+		ops = append(ops, Op{Kind: OpKeepPeer, Device: d.Name, PeerID: k})
+	}
+	if od.Impl != "" && len(kept) > 0 {
+		var forget []wgtypes.Key
+		for k := range kept {
+			if _, in := od.Peers[k]; want[k] || !in {
+				forget = append(forget, k)
+			}
+		}
+		slices.SortFunc(forget, byKey)
+		for _, k := range forget {
+			op := Op{Kind: OpForgetPeer, Device: d.Name, PeerID: k, Detail: "it left the kernel"}
+			if want[k] {
+				op.Detail = "the register names it now"
+				if i := slices.IndexFunc(d.Peers, func(p Peer) bool { return p.PublicKey == k }); i >= 0 {
+					op.Peer = d.Peers[i]
+				}
+			}
+			ops = append(ops, op)
+		}
 	}
 	for _, p := range d.Peers {
 		var ep netip.AddrPort

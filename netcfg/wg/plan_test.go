@@ -79,6 +79,13 @@ func TestMakePlan(t *testing.T) {
 		return o
 	}
 	noKernel := func(o Observed) Observed { o.Kernel = false; return o }
+	kept := func(o Observed, ks ...wgtypes.Key) Observed {
+		o.Kept = map[string]map[wgtypes.Key]bool{"wg0": {}}
+		for _, k := range ks {
+			o.Kept["wg0"][k] = true
+		}
+		return o
+	}
 	daemon := func(o Observed) Observed { o.Userspace = true; return o }
 	pubs := func(b byte) string { return pub(b).String() }
 	tests := []struct {
@@ -134,8 +141,17 @@ func TestMakePlan(t *testing.T) {
 		{"foreign WireGuard device is a conflict", []Device{wg0}, obs(withObs(wg0obs, func(o *ObservedDevice) { o.Owned = false })),
 			"! wireguard wg0: exists and was not created by nodeagent; left untouched (set adopt: true to take it over)\n"},
 		{"foreign device is never deleted", nil, obs(withObs(wg0obs, func(o *ObservedDevice) { o.Owned = false })), ""},
-		{"adopt marks and then converges", []Device{with(wg0, func(d *Device) { d.Adopt = true; d.Peers = d.Peers[1:] })}, obs(withObs(wg0obs, func(o *ObservedDevice) { o.Owned = false })),
-			"~ wireguard wg0 adopt (mark as nodeagent's)\n- wireguard wg0 peer " + pubs(2) + "\n"},
+		// An adoption never removes a peer: one the register lacks is kept,
+		// listed, recorded, and left so by later syncs.
+		{"adopt keeps a peer the register lacks", []Device{with(wg0, func(d *Device) { d.Adopt = true; d.Peers = d.Peers[1:] })}, obs(withObs(wg0obs, func(o *ObservedDevice) { o.Owned = false })),
+			"~ wireguard wg0 adopt (mark as nodeagent's)\n~ wireguard wg0 peer " + pubs(2) + " kept (in the kernel, not in the register: the adoption leaves it as it is, and nodeagent never removes it; add its file to the register to manage it, or remove it with wg set)\n"},
+		{"a peer kept from the adoption stays", []Device{with(wg0, func(d *Device) { d.Adopt = true; d.Peers = d.Peers[1:] })}, kept(obs(wg0obs), pub(2)), ""},
+		{"a kept peer the register names is managed from then on", []Device{wg0}, kept(obs(wg0obs), pub(2)),
+			"~ wireguard wg0 peer " + pubs(2) + " (alice) no longer kept apart: the register names it now\n"},
+		{"a kept peer gone from the kernel is forgotten", []Device{with(wg0, func(d *Device) { d.Peers = d.Peers[1:] })}, kept(obs(withObs(wg0obs, func(o *ObservedDevice) { delete(o.Peers, pub(2)) })), pub(2)),
+			"~ wireguard wg0 peer " + pubs(2) + " no longer kept apart: it left the kernel\n"},
+		{"an owned device's peer the register lacks is removed", []Device{with(wg0, func(d *Device) { d.Adopt = true; d.Peers = d.Peers[1:] })}, obs(wg0obs),
+			"- wireguard wg0 peer " + pubs(2) + "\n"},
 		{"a link of another kind is a conflict", []Device{wg0}, obs(ObservedDevice{Name: "wg0", Kind: "veth", MTU: 1500}),
 			"! wireguard wg0: exists as a veth link, not a WireGuard device; left untouched\n"},
 		{"no kernel and no daemon", []Device{wg0}, noKernel(obs()),

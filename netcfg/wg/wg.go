@@ -233,6 +233,9 @@ type Observed struct {
 	// Time is when the state was read; handshake ages are relative to it.
 	Time     time.Time
 	MaxIndex int
+	// Kept are, per device, the kernel peers an adoption kept although
+	// the register does not name them (kept.go): never removed.
+	Kept map[string]map[wgtypes.Key]bool
 }
 
 // OpKind says what an Op does.
@@ -251,7 +254,9 @@ const (
 	OpRemovePeer
 	OpAddPeer
 	OpUpdatePeer
-	OpFail // not applied: reported (conflict, pending, skipped peer)
+	OpKeepPeer   // an adoption keeps a kernel peer the register lacks, and records it
+	OpForgetPeer // a kept peer joined the register or left the kernel: no longer kept apart
+	OpFail       // not applied: reported (conflict, pending, skipped peer)
 )
 
 // Op is one change to one object.
@@ -320,7 +325,7 @@ func (o Op) Object() string {
 	switch o.Kind {
 	case OpAddAddr, OpDelAddr:
 		return fmt.Sprintf("address %s on %s", o.Addr, o.Device)
-	case OpAddPeer, OpRemovePeer, OpUpdatePeer:
+	case OpAddPeer, OpRemovePeer, OpUpdatePeer, OpKeepPeer, OpForgetPeer:
 		return peerObject(o.Device, o.PeerID, o.Peer.Name)
 	}
 	if o.Kind == OpFail && o.PeerID != (wgtypes.Key{}) {
@@ -361,6 +366,10 @@ func (o Op) text(s string) string {
 		s += " " + strings.Join(o.changes(), ", ")
 	case OpAddPeer:
 		s += " " + describePeer(o.Peer, o.Endpoint)
+	case OpKeepPeer:
+		s += " kept (in the kernel, not in the register: the adoption leaves it as it is, and nodeagent never removes it; add its file to the register to manage it, or remove it with wg set)"
+	case OpForgetPeer:
+		s += " no longer kept apart"
 	}
 	if o.Detail != "" {
 		s += ": " + o.Detail

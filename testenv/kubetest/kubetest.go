@@ -329,6 +329,10 @@ func (s *Server) run(name, bin string, args ...string) (*exec.Cmd, chan struct{}
 		log.Close()
 		return nil, nil, fmt.Errorf("start %s: %w", name, err)
 	}
+	// Below the programs under test: a (re)starting kube-apiserver takes
+	// every core for seconds, and on a small machine the daemon's
+	// userspace WireGuard would wait for it. Its threads inherit this.
+	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, 10)
 	done := make(chan struct{})
 	go func() {
 		cmd.Wait()

@@ -117,7 +117,9 @@ type Stub struct {
 	Servers             []*Server
 	regions             []RegionSpec
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// from counts requests by client address and path (From).
+	from     map[string]map[string]int
 	counts   map[string]int
 	times    map[string][]time.Time
 	tokens   map[string]time.Time // token -> expiry
@@ -255,11 +257,20 @@ func (s *Stub) stop() {
 	}
 }
 
-// slowly delays every answer by the Slow fault.
+// slowly delays every answer by the Slow fault. It also counts every
+// request by the client's address and path (From).
 func (s *Stub) slowly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		s.mu.Lock()
 		d := s.slow
+		if s.from == nil {
+			s.from = map[string]map[string]int{}
+		}
+		if s.from[host] == nil {
+			s.from[host] = map[string]int{}
+		}
+		s.from[host][r.URL.Path]++
 		s.mu.Unlock()
 		if d > 0 {
 			select {
@@ -329,6 +340,19 @@ func (s *Stub) Count(k string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.counts[k]
+}
+
+// From is the requests that came from the client address addr (a
+// node's uplink, or its tunnel address for port forwarding), by path:
+// "/gtoken/generateToken", "/vpninfo/servers/v6", "/addKey", ...
+func (s *Stub) From(addr string) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range s.from[addr] {
+		out[k] = v
+	}
+	return out
 }
 
 // Counts is every count.

@@ -124,6 +124,8 @@ type rig struct {
 	hits   *hits
 	key    wg.Key
 	ca     *testCA
+	// listKey signs the server list (signListLine).
+	listKey *rsa.PrivateKey
 }
 
 // rigOptions shape a rig: the timers, the saved state, whether a list is
@@ -173,7 +175,7 @@ func newRig(t *testing.T, o rigOptions, h http.HandlerFunc) *rig {
 		Timers: o.timers, Reserved: o.reserved}
 	p := New(cfg, b, events, nil)
 	p.now, p.mono = clk.Now, clk.Mono
-	return &rig{t: t, p: p, events: events, clk: clk, hits: hs, key: k, ca: ca}
+	return &rig{t: t, p: p, events: events, clk: clk, hits: hs, key: k, ca: ca, listKey: listKey}
 }
 
 // busy reports whether a call of the provider's is in flight.

@@ -29,6 +29,10 @@ const (
 	PhaseConfiguring Phase = "configuring" // registered; the device is being configured
 	PhaseHandshake   Phase = "handshake"   // configured; waiting for the first handshake
 	PhaseHealthy     Phase = "healthy"     // handshake seen, the server answers
+	// PhaseStandby: the device belongs to a gateway role another node
+	// holds (agent/gateway): the token and the server list are kept
+	// fresh, nothing is registered, so a take-over is one addKey.
+	PhaseStandby Phase = "standby"
 )
 
 // Timers are a provider's timeouts and periods. The zero value of a field
@@ -326,6 +330,8 @@ type Provider struct {
 	// lastWall and lastMono are the clocks at the last Step.
 	clockBad           bool
 	lastWall, lastMono time.Time
+	// standby: see PhaseStandby and SetStandby.
+	standby bool
 }
 
 // New returns a provider for cfg, starting from b. Its calls' results go
@@ -481,6 +487,60 @@ func (p *Provider) count(what, result string) {
 	}
 }
 
+// SetStandby puts the provider on standby for a gateway role another
+// node holds, or takes it off, and reports whether that changed it. On
+// standby it registers nothing and forwards no port: the registration it
+// ran with is given up (the device is the holder's to have), the port
+// with it, and only the token and the server list are kept fresh, each on
+// its usual period. Off standby it registers at once.
+func (p *Provider) SetStandby(on bool) bool {
+	if on == p.standby {
+		return false
+	}
+	p.standby = on
+	if on {
+		p.log.Info("standing by: the gateway role is another node's; token and server list kept fresh")
+		p.reg, p.needReg, p.healthy, p.proven = nil, true, false, false
+		p.configured, p.handshake = time.Time{}, time.Time{}
+		p.phase = PhaseStandby
+		p.loseRole()
+		return true
+	}
+	p.log.Info("taking the gateway role: registering")
+	p.phase, p.retryAt, p.backoffN = PhaseToken, time.Time{}, 0
+	return true
+}
+
+// loseRole drops the forwarded port with the registration: the port was
+// the registration's server's, and the next holder binds its own.
+func (p *Provider) loseRole() {
+	p.sig, p.port, p.bound, p.pfErr, p.pfN, p.pfTried = nil, 0, time.Time{}, "", 0, false
+	p.pfTrouble, p.sickSince = time.Time{}, time.Time{}
+}
+
+// Standby reports whether the provider stands by (SetStandby).
+func (p *Provider) Standby() bool { return p.standby }
+
+// stepStandby is Step on standby: the list and the token are fetched
+// when none is at hand or theirs is past its refresh period, nothing else.
+func (p *Provider) stepStandby(ctx context.Context, now time.Time) {
+	p.phase = PhaseStandby
+	if p.seq != 0 || now.Before(p.retryAt) {
+		return
+	}
+	switch {
+	case p.list == nil || p.listWant || now.Sub(p.listAt) > p.t.ListRefresh:
+		if now.Before(p.listRetryAt) || !p.room(now) {
+			return
+		}
+		p.startList(ctx)
+	case p.token == "" || p.tokenAge(now) > p.t.TokenRefresh:
+		if p.room(now) {
+			p.startToken(ctx)
+		}
+	}
+}
+
 // Step moves the provider on: it looks at the device as observed, judges
 // the tunnel's health, and starts the next network call when one is due.
 // It reports whether the device's desired state changed (a sync is due).
@@ -503,6 +563,10 @@ func (p *Provider) Step(ctx context.Context, obs Observation) (changed bool) {
 			}
 		}
 	}()
+	if p.standby {
+		p.stepStandby(ctx, now)
+		return false
+	}
 	if p.reg != nil && !p.needReg {
 		if p.watch(ctx, now, obs) {
 			return true
@@ -1174,7 +1238,11 @@ type Status struct {
 
 // Status reports the provider's state.
 func (p *Provider) Status() Status {
-	s := Status{Device: p.cfg.Device, Phase: p.phase, Healthy: p.healthy, Region: p.cfg.Region,
+	phase := p.phase
+	if p.standby {
+		phase = PhaseStandby
+	}
+	s := Status{Device: p.cfg.Device, Phase: phase, Healthy: p.healthy, Region: p.cfg.Region,
 		Handshake: p.handshake, LastError: p.lastErr, LastErrorAt: p.errAt, ProbeFails: p.probeFails}
 	if p.region != nil {
 		s.Region = p.region.ID
