@@ -24,7 +24,7 @@ VM_PKGS ?= ./netcfg/link ./netcfg ./netcfg/nft ./netcfg/wg ./netcfg/importer ./a
 VM_CMD_TESTS ?= TestApplyOnceWireGuard|TestPIAKillNineAndRestart|TestSameNodePods
 VMTEST  := $(GO) run ./testenv/cmd/vmtest
 
-.PHONY: deps deps-demo build test test-unit test-vm test-deb deb man bench fuzz lint demo clean
+.PHONY: deps deps-demo build test test-unit test-vm test-deb deb man bench fuzz lint demo clean soak soak-break
 
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/nodeagent ./cmd/nodeagent
@@ -115,3 +115,19 @@ deps-demo:
 demo: deps-demo build
 	$(GO) build -o bin/demo ./testenv/demo
 	bin/demo --nodeagent bin/nodeagent $(DEMOFLAGS)
+
+# Faults at random against the homelab with every invariant checked the
+# whole time (testenv/soak): SOAK is how long the nemesis runs (CI's
+# TestSoak runs 4 minutes of it), SEED replays a run's faults.
+SOAK ?= 5m
+SEED ?= 0
+soak: deps build
+	$(GO) run ./testenv/cmd/soak --duration $(SOAK) --seed $(SEED) --nodeagent bin/nodeagent --logdir .cache/soak
+
+# The proof that the soak can fail: a daemon built broken on purpose
+# (-tags soakbreak: it makes a deleted nft table again without its kill
+# switch) must fail it, naming the invariant and the seed.
+soak-break: deps build
+	CGO_ENABLED=0 $(GO) build -tags soakbreak -o bin/nodeagent-soakbreak ./cmd/nodeagent
+	@$(GO) run ./testenv/cmd/soak --duration 5m --seed $(SEED) --nodeagent bin/nodeagent-soakbreak --logdir .cache/soak-break --stop-on-violation; \
+	status=$$?; if [ $$status -eq 1 ]; then echo "soak-break: the broken daemon failed the soak, as it must"; else echo "soak-break: exit $$status, want 1"; exit 1; fi

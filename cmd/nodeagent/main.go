@@ -178,10 +178,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "run":
 		logging.RouteKlog(log)
 		work = func(ctx context.Context) error {
-			return runDaemon(ctx, log, agent.RunOptions{
+			o := agent.RunOptions{
 				Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"), MetricsAPIKeyFile: v.GetString("metrics_api_key_file"),
 				Resync: *resync, Version: version, TestHooks: os.Getenv("NODEAGENT_TEST_HOOKS") == "1",
-			})
+			}
+			if o.TestHooks {
+				o.PIATimers.Now = testClock()
+			}
+			return runDaemon(ctx, log, o)
 		}
 	case "validate":
 		work = func(context.Context) error { return agent.Validate(stdout, opts) }

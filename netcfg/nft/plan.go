@@ -146,7 +146,7 @@ func MakePlan(d Desired, o Observed) Plan {
 			Reason: "owned by another process's netlink socket (NFT_TABLE_F_OWNER); left untouched"}
 	}
 	want := map[tableKey]bool{}
-	for _, t := range d.Tables() {
+	for _, t := range soakBreak(d.Tables(), have) {
 		k := tableKey{t.Family, t.Name}
 		want[k] = true
 		cur, exists := have[k]

@@ -200,8 +200,48 @@ func (s *Server) Start(ctx context.Context, logf func(string, ...any)) error {
 	); err != nil {
 		return err
 	}
+	if err := s.startAPILocked(bin); err != nil {
+		s.stopLocked()
+		return err
+	}
+	if err := s.waitReady(ctx); err != nil {
+		s.stopLocked()
+		return err
+	}
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, etcd
+// having run on, and waits until it is ready.
+func (s *Server) StartAPIServer(ctx context.Context) error {
+	bin, err := Binary(nil)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.etcd == nil:
+		return errors.New("etcd is not running")
+	case s.api != nil:
+		return errors.New("kube-apiserver already running")
+	}
+	if err := s.startAPILocked(bin); err != nil {
+		return err
+	}
+	if err := s.waitReady(ctx); err != nil {
+		stop(s.api, s.apiDone)
+		s.api, s.apiDone = nil, nil
+		return err
+	}
+	return nil
+}
+
+// startAPILocked starts the kube-apiserver process.
+func (s *Server) startAPILocked(bin string) error {
 	p := s.pki
-	if s.api, s.apiDone, err = s.run("kube-apiserver", bin,
+	var err error
+	s.api, s.apiDone, err = s.run("kube-apiserver", bin,
 		"--etcd-servers="+s.etcdURL(),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -220,15 +260,8 @@ func (s *Server) Start(ctx context.Context, logf func(string, ...any)) error {
 		"--endpoint-reconciler-type=none",
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
-	); err != nil {
-		s.stopLocked()
-		return err
-	}
-	if err := s.waitReady(ctx); err != nil {
-		s.stopLocked()
-		return err
-	}
-	return nil
+	)
+	return err
 }
 
 // Stop stops kube-apiserver and etcd. The data stays for another Start.

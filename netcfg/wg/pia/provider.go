@@ -87,6 +87,11 @@ type Timers struct {
 	// (a Retry-After of 0, an instant 500) no longer makes a storm.
 	MaxRequests   int
 	RequestWindow time.Duration
+	// Now is the wall clock (default time.Now): tokens, signatures and
+	// certificates are judged by it, and a step of it is noticed. The
+	// soak steps it (nodeagent run's test hooks); intervals are measured
+	// on the monotonic clock whatever it says.
+	Now func() time.Time
 }
 
 func (t Timers) withDefaults() Timers {
@@ -337,6 +342,9 @@ func New(cfg Config, b Boot, events chan<- Event, log *slog.Logger) *Provider {
 	}
 	p := &Provider{cfg: cfg, t: cfg.Timers.withDefaults(), log: log.With("subsystem", "pia", "device", cfg.Device),
 		events: events, key: b.Key, fails: map[string]int{}, now: time.Now, mono: time.Now, phase: PhaseToken, needReg: true}
+	if cfg.Timers.Now != nil {
+		p.now = cfg.Timers.Now
+	}
 	p.budget = newBudget(p.t.MaxRequests, p.t.RequestWindow, func() time.Time { return p.now() })
 	if old := cfg.Budget.b; old != nil && old.n == p.t.MaxRequests && old.window == p.t.RequestWindow {
 		// The replaced provider's sends still count.
