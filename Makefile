@@ -118,7 +118,7 @@ demo: deps-demo build
 
 # Faults at random against the homelab with every invariant checked the
 # whole time (testenv/soak): SOAK is how long the nemesis runs (CI's
-# TestSoak runs 4 minutes of it), SEED replays a run's faults.
+# TestSoak runs 5 minutes of it), SEED replays a run's faults.
 SOAK ?= 5m
 SEED ?= 0
 soak: deps build

@@ -180,7 +180,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// TestSoak is CI's soak: four minutes of the nemesis (NODEAGENT_SOAK
+// TestSoak is CI's soak: five minutes of the nemesis (NODEAGENT_SOAK
 // sets another length, NODEAGENT_SOAK_SEED the seed) against the
 // homelab, every invariant checked the whole time; `make soak SOAK=60m`
 // is the long run.
@@ -190,7 +190,7 @@ func TestSoak(t *testing.T) {
 		t.Skip("the host tier runs the soak: the VM has no etcd or kube-apiserver")
 	}
 	o := soakOptions(t, buildNodeagent(t, ""))
-	o.Duration = envDuration(t, "NODEAGENT_SOAK", 4*time.Minute)
+	o.Duration = envDuration(t, "NODEAGENT_SOAK", 5*time.Minute)
 	o.Replay = "NODEAGENT_SOAK=" + o.Duration.String() + " NODEAGENT_SOAK_SEED=%d go test -run TestSoak$ ./testenv/soak"
 	res := Run(t, o)
 	for _, v := range res.Violations {
