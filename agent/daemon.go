@@ -77,6 +77,12 @@ type RunOptions struct {
 	// the port hooks' backoff and refusal waits (default hookrun's).
 	PortLostAfter  time.Duration
 	PortHookTimers portfwd.HookTimers
+	// Reload, when set, is a channel the caller had SIGHUP delivered to
+	// from the process's start (capacity 4 or more), so that one sent
+	// while the daemon starts is a reload once it runs rather than the
+	// end of the process (SIGHUP's default action); nil: Run listens
+	// from its own start.
+	Reload chan os.Signal
 	// PendingBound is how long objects may wait for a link the config
 	// does not create (a parent NIC) before the node is degraded for it
 	// (default waiting.DefaultBound; tests shorten it).
@@ -349,7 +355,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.files = fw
 	d.files.set(d.peerDirs(), d.keyFiles(), d.log)
 	d.nb = neighbours.Start(ctx, neighbours.Options{Paths: d.o.Hazards, System: d.o.HazardSystem, Log: d.log, Changed: d.neighbourChanged})
-	sig := make(chan os.Signal, 4)
+	sig := d.o.Reload
+	if sig == nil {
+		sig = make(chan os.Signal, 4)
+	}
 	signal.Notify(sig, syscall.SIGHUP)
 	if d.o.TestHooks {
 		signal.Notify(sig, syscall.SIGUSR2)

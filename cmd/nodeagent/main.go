@@ -20,6 +20,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/logging"
 	"github.com/nodeagent/nodeagent/cmd/internal/cliflags"
+	"github.com/nodeagent/nodeagent/cmd/nodeagent/internal/earlyhup"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"github.com/spf13/pflag"
@@ -181,6 +182,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			o := agent.RunOptions{
 				Options: opts, Socket: v.GetString("socket"), MetricsAddr: v.GetString("metrics"), MetricsAPIKeyFile: v.GetString("metrics_api_key_file"),
 				Resync: *resync, Version: version, TestHooks: os.Getenv("NODEAGENT_TEST_HOOKS") == "1",
+				Reload: earlyhup.Channel(),
 			}
 			if o.TestHooks {
 				o.PIATimers.Now = testClock()
