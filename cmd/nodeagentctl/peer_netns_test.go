@@ -334,11 +334,27 @@ func TestPeerAddQRCode(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("temp left the device %s after its expiry", time.Since(*p.Expires).Round(time.Millisecond))
-	st, _ := api.NewClient(l.socket).Status(context.Background())
-	base := st.LastSync.Count
-	for st.LastSync.Count < base+2 || st.LastSync.Trigger != "resync" {
+	// The syncs so far, then two resyncs more. A status that cannot be
+	// read (the API busy for a moment under load) is asked again; CI once
+	// met a nil status here.
+	lastSync := func() *api.Sync {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			st, err := api.NewClient(l.socket).Status(ctx)
+			cancel()
+			if err == nil && st.LastSync != nil {
+				return st.LastSync
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no status with a last sync for 30 s: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	base := lastSync().Count
+	for ls := lastSync(); ls.Count < base+2 || ls.Trigger != "resync"; ls = lastSync() {
 		time.Sleep(200 * time.Millisecond)
-		st, _ = api.NewClient(l.socket).Status(context.Background())
 	}
 	if l.inDevice(t, "10.90.0.3/32") {
 		t.Error("temp back after two resyncs")
