@@ -116,7 +116,10 @@ func TestFightBackedOff(t *testing.T) {
 	var ksLat []time.Duration
 	next := start
 	for time.Since(start) < fight {
-		n.TryExec("sh", "-c", "ip addr del 10.10.50.3/24 dev shim0; ip addr add 10.10.50.3/24 dev shim0 noprefixroute valid_lft 300 preferred_lft 300")
+		// ip itself, not sh -c: the VM's busybox sh runs its own ip
+		// applet, which knows neither noprefixroute nor lifetimes.
+		n.TryExec("ip", "addr", "del", "10.10.50.3/24", "dev", "shim0")
+		n.TryExec("ip", "addr", "add", "10.10.50.3/24", "dev", "shim0", "noprefixroute", "valid_lft", "300", "preferred_lft", "300")
 		if time.Now().After(next) {
 			next = time.Now().Add(500 * time.Millisecond)
 			// (Deleting the shim's only IPv4 address flushes the routes
@@ -188,7 +191,9 @@ func TestRenamedOrRealiasedLinkStaysOurs(t *testing.T) {
 	for i := range 3 {
 		// In one batch, as udev renames a link that is down: the daemon's
 		// debounce is longer than the batch.
-		n.Exec(t, "sh", "-c", "printf 'link set shim0 down\nlink set shim0 name mv0\nlink set mv0 up\n' | ip -batch -")
+		// (A file, not sh -c: the VM's busybox sh runs its own ip applet,
+		// which has no -batch.)
+		n.Exec(t, "ip", "-batch", writeBatch(t, t.TempDir(), "link set shim0 down", "link set shim0 name mv0", "link set mv0 up"))
 		waitFor(t, "shim0 back", 5*time.Second, func() bool { return ifindex() == before })
 		out := n.Exec(t, "ip", "-d", "link", "show", "shim0")
 		if !strings.Contains(out, "alias nodeagent") || !strings.Contains(out, "state UP") {
@@ -206,7 +211,7 @@ func TestRenamedOrRealiasedLinkStaysOurs(t *testing.T) {
 	// ifdown and ifup (systemctl restart networking with a stanza for the
 	// link): deleted and made again just like it at once by another
 	// program. It takes the place of nodeagent's and is taken for it.
-	n.Exec(t, "sh", "-c", "printf 'link del shim0\nlink add shim0 link enp1s0 type macvlan mode bridge\nlink set shim0 up\n' | ip -batch -")
+	n.Exec(t, "ip", "-batch", writeBatch(t, t.TempDir(), "link del shim0", "link add shim0 link enp1s0 type macvlan mode bridge", "link set shim0 up"))
 	waitFor(t, "the remade link marked, with its address", 5*time.Second, func() bool {
 		out, _ := n.TryExec("ip", "-d", "addr", "show", "shim0")
 		return strings.Contains(out, "alias nodeagent") && strings.Contains(out, "10.10.50.3/24")
