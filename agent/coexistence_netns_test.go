@@ -10,6 +10,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/netcfg/hazard"
+	"github.com/nodeagent/nodeagent/testenv"
 )
 
 // TestCoexistenceNamesNetworkd: with a systemd-networkd running at its
@@ -75,6 +76,9 @@ func TestCoexistenceNamesNetworkd(t *testing.T) {
 // stops, the address is nodeagent's again at the next resync, and the
 // fight is over a window later.
 func TestFightBackedOff(t *testing.T) {
+	if testenv.InVM() {
+		t.Skip("the host tier runs this: it times another program's changes against the daemon's debounce and repairs, which TCG's slowness in the VM blurs (the package VM's fight and ifupdown steps run the real thing on Debian's kernel)")
+	}
 	l := newLab(t)
 	const (
 		bound  = 5
@@ -111,15 +115,16 @@ func TestFightBackedOff(t *testing.T) {
 		out, _ := n.TryExec("ip", "addr", "show", "dev", "shim0")
 		return strings.Contains(out, "10.10.50.3/24") && !strings.Contains(out, "noprefixroute") && strings.Contains(out, "valid_lft forever")
 	}
+	readd := writeBatch(t, t.TempDir(), "addr del 10.10.50.3/24 dev shim0", "addr add 10.10.50.3/24 dev shim0 noprefixroute valid_lft 300 preferred_lft 300")
 	before := repairs()
 	start := time.Now()
 	var ksLat []time.Duration
 	next := start
 	for time.Since(start) < fight {
-		// ip itself, not sh -c: the VM's busybox sh runs its own ip
-		// applet, which knows neither noprefixroute nor lifetimes.
-		n.TryExec("ip", "addr", "del", "10.10.50.3/24", "dev", "shim0")
-		n.TryExec("ip", "addr", "add", "10.10.50.3/24", "dev", "shim0", "noprefixroute", "valid_lft", "300", "preferred_lft", "300")
+		// One ip process, as the sh -c was: not sh -c, whose busybox in
+		// the VM runs its own ip applet, which knows neither
+		// noprefixroute nor lifetimes.
+		n.TryExec("ip", "-force", "-batch", readd)
 		if time.Now().After(next) {
 			next = time.Now().Add(500 * time.Millisecond)
 			// (Deleting the shim's only IPv4 address flushes the routes
@@ -174,6 +179,9 @@ func TestFightBackedOff(t *testing.T) {
 // gives the link its name or its mark back, the same link (its ifindex),
 // never deleting it and making it again, and never reading it as foreign.
 func TestRenamedOrRealiasedLinkStaysOurs(t *testing.T) {
+	if testenv.InVM() {
+		t.Skip("the host tier runs this: it times another program's changes against the daemon's debounce and repairs, which TCG's slowness in the VM blurs (the package VM's fight and ifupdown steps run the real thing on Debian's kernel)")
+	}
 	l := newLab(t)
 	r := startDaemon(t, l.node, l.cfg, func(o *RunOptions) {
 		o.Hazards, o.HazardSystem = hazard.Paths{Root: t.TempDir()}, &hazard.System{}
@@ -196,7 +204,9 @@ func TestRenamedOrRealiasedLinkStaysOurs(t *testing.T) {
 		n.Exec(t, "ip", "-batch", writeBatch(t, t.TempDir(), "link set shim0 down", "link set shim0 name mv0", "link set mv0 up"))
 		waitFor(t, "shim0 back", 5*time.Second, func() bool { return ifindex() == before })
 		out := n.Exec(t, "ip", "-d", "link", "show", "shim0")
-		if !strings.Contains(out, "alias nodeagent") || !strings.Contains(out, "state UP") {
+		// Up as set (the flags): its operstate is UNKNOWN over the VM's
+		// dummy trunk.
+		if !strings.Contains(out, "alias nodeagent") || !strings.Contains(out, ",UP,") {
 			t.Errorf("rename %d: shim0 came back as %s", i, out)
 		}
 		n.Exec(t, "ip", "link", "set", "shim0", "alias", "lab")
