@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -25,30 +24,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// syncBuffer is a log sink the daemon and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // running is a daemon running in a test namespace.
 type running struct {
 	d      *Daemon
 	cancel context.CancelFunc
 	done   chan error
-	log    *syncBuffer
+	log    *testenv.SyncBuffer
 	socket string
 }
 
@@ -72,7 +53,7 @@ func launchUntil(t testing.TB, ns *testenv.NetNS, cfg string, tweak func(*RunOpt
 	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
-	r := &running{log: &syncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
+	r := &running{log: &testenv.SyncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
 	o := RunOptions{
 		Options: Options{Config: cfg, TablesFile: filepath.Join(dir, "rt_tables.conf")},
 		Socket:  r.socket, SocketGroup: "nogroup", Host: ns.Host, Version: "test",

@@ -533,7 +533,7 @@ firewall:
   killSwitch: [{from: 10.10.50.0/24, allowOut: [tun0]}]
 checks: {gatewayARP: false}
 `), 0o600)
-	log := &syncBuffer{}
+	log := &testenv.SyncBuffer{}
 	d, err := NewDaemon(RunOptions{
 		Options: Options{Config: cfg, TablesFile: filepath.Join(dir, "rt.conf")}, Host: node.Host,
 		Log: newTestLogger(log),
@@ -593,6 +593,6 @@ checks: {gatewayARP: false}
 	}
 }
 
-func newTestLogger(w *syncBuffer) *slog.Logger {
+func newTestLogger(w *testenv.SyncBuffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

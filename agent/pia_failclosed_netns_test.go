@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
+	"github.com/nodeagent/nodeagent/testenv"
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 )
 
@@ -67,7 +68,7 @@ func startUnready(t *testing.T, l *piastub.Lab, timers pia.Timers) *running {
 	t.Helper()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
-	r := &running{log: &syncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
+	r := &running{log: &testenv.SyncBuffer{}, done: make(chan error, 1), socket: filepath.Join(dir, "nodeagent.sock")}
 	d, err := NewDaemon(RunOptions{
 		Options: Options{Config: l.Config, TablesFile: filepath.Join(dir, "rt_tables.conf"), StateDir: l.StateDir},
 		Socket:  r.socket, SocketGroup: "nogroup", Host: l.Node.Host, Version: "test", PIATimers: timers,

@@ -72,7 +72,7 @@ type dlClient struct {
 	apiKey string
 	cmd    *exec.Cmd
 	exited chan struct{}
-	out    *syncBuffer
+	out    *testenv.SyncBuffer
 }
 
 func (c *dlClient) name() string { return c.kind + " " + c.version }
@@ -417,7 +417,7 @@ func clientScenario(t *testing.T, cc clientCase) {
 	if cc.kind == kindTransmission {
 		pkg = "transmission-daemon"
 	}
-	c := &dlClient{t: t, kind: cc.kind, out: &syncBuffer{}}
+	c := &dlClient{t: t, kind: cc.kind, out: &testenv.SyncBuffer{}}
 	var err error
 	if cc.suite == "bookworm" {
 		if _, err := exec.LookPath(pkg); err != nil {

@@ -62,26 +62,9 @@ type gwNode struct {
 	proxy   *testenv.Proxy
 	cmd     *exec.Cmd
 	done    chan struct{}
-	log     *lockedBuf
+	log     *testenv.SyncBuffer
 	started int
 	client  *api.Client
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func (n *gwNode) socket() string { return filepath.Join(n.dir, "s.sock") }
@@ -159,7 +142,7 @@ func newGWLab(t *testing.T) *gwLab {
 		if err := l.srv.CreateNode(ctx, name, nil); err != nil {
 			t.Fatal(err)
 		}
-		n := &gwNode{name: name, ns: testenv.NewNetNS(t), dir: t.TempDir(), log: &lockedBuf{}}
+		n := &gwNode{name: name, ns: testenv.NewNetNS(t), dir: t.TempDir(), log: &testenv.SyncBuffer{}}
 		os.Chmod(n.dir, 0o755)
 		n.uplink = fmt.Sprintf("192.0.%d.1", 2+i)
 		l.plumb(n, i)

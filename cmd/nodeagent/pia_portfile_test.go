@@ -9,12 +9,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nodeagent/nodeagent/agent/api"
+	"github.com/nodeagent/nodeagent/testenv"
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 )
 
@@ -71,7 +71,7 @@ func TestStopEndsAHangingHook(t *testing.T) {
 	os.WriteFile(hook, []byte("#!/bin/sh\ntrap '' TERM\nps -o pgid= $$ | tr -d ' ' > "+pgidFile+".tmp && mv "+pgidFile+".tmp "+pgidFile+"\nsleep 600 &\nwhile :; do sleep 1; done\n"), 0o755)
 	l.PIA = "      portForward:\n        enabled: true\n        onChange: [" + hook + "]\n        hookTimeout: 10m\n"
 	l.WriteConfig(t, "stub_ams")
-	var log syncWriter
+	var log testenv.SyncBuffer
 	cmd := runLab(t, l, labSocket(t, l), &log)
 	var pgid int
 	for t0 := time.Now(); pgid == 0 && time.Since(t0) < 90*time.Second; time.Sleep(100 * time.Millisecond) {
@@ -269,23 +269,4 @@ func runLab(t *testing.T, l *piastub.Lab, socket string, stderr io.Writer, args 
 		}
 	})
 	return cmd
-}
-
-// syncWriter is a strings.Builder for a process's output, safe to read
-// while the process writes it.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -225,7 +225,7 @@ func TestPIAScriptsTakeOver(t *testing.T) {
 
 	// A ping from the VLAN host every 50 ms from here to the end.
 	ping := exec.Command("ip", "netns", "exec", l.LAN.Name, "ping", "-n", "-i", "0.05", "-W", "1", piastub.Far.String())
-	pingOut := &syncBuffer{}
+	pingOut := &testenv.SyncBuffer{}
 	ping.Stdout, ping.Stderr = pingOut, pingOut // ping starts nothing that outlives it
 	if err := ping.Start(); err != nil {
 		t.Fatal(err)
@@ -408,7 +408,7 @@ func wireguardGo(t *testing.T) string {
 func runDaemon(t *testing.T, ns *testenv.NetNS, cfg, state string) (*agent.Daemon, func()) {
 	t.Helper()
 	dir := t.TempDir()
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	d, err := agent.NewDaemon(agent.RunOptions{
 		Options: agent.Options{Config: cfg, TablesFile: filepath.Join(dir, "rt_tables.conf"), StateDir: state, PortDir: filepath.Join(dir, "ports")},
 		Socket:  filepath.Join(dir, "nodeagent.sock"), SocketGroup: "nogroup", Host: ns.Host, Version: "test",
@@ -540,22 +540,4 @@ func copyDir(t *testing.T, from, to string) {
 	if o, err := exec.Command("cp", "-a", from+"/.", to+"/").CombinedOutput(); err != nil {
 		t.Fatalf("cp %s: %v\n%s", from, err, o)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
