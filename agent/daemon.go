@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/apiserver"
+	"github.com/nodeagent/nodeagent/agent/bindwait"
 	"github.com/nodeagent/nodeagent/agent/clientapi"
 	"github.com/nodeagent/nodeagent/agent/fight"
 	"github.com/nodeagent/nodeagent/agent/gateway"
@@ -49,7 +50,8 @@ type RunOptions struct {
 	// SocketGroup may read the socket (default "nodeagent").
 	SocketGroup string
 	// MetricsAddr serves Prometheus metrics on this TCP address, with the
-	// forwarded port in gluetun's shape; "" is off.
+	// forwarded port in gluetun's shape; "" is off. An address not on the
+	// node yet is waited for (agent/bindwait).
 	MetricsAddr string
 	// MetricsAPIKeyFile, when set, holds the key (one line; root's, mode
 	// 0600 or stricter) the forwarded port's endpoints ask for.
@@ -389,7 +391,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := d.metrics.Serve(ctx, d.o.MetricsAddr, key, d.log); err != nil {
+			// At boot the address may not be on the node yet: the
+			// listener waits for it, beside the loop (agent/bindwait).
+			l, err := bindwait.Listen(ctx, d.o.MetricsAddr, bindwait.Options{Host: d.host, Log: d.log, Name: "metrics listener"})
+			if err != nil {
+				if ctx.Err() == nil {
+					d.log.Error("no metrics: the listener could not bind", "err", err)
+				}
+				return
+			}
+			if err := d.metrics.ServeListenerKey(ctx, l, key, d.log); err != nil {
 				d.log.Error("metrics", "err", err)
 			}
 		}()

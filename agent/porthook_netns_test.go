@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -194,12 +193,15 @@ func TestPortLostAndBack(t *testing.T) {
 	l.PIA = fmt.Sprintf("      portForward:\n        enabled: true\n        to: 10.10.50.20\n        toPort: 8080\n        onChange: [%s]\n        every: 0s\n", hook)
 	l.WriteConfig(t, "stub_ams")
 	serveVLAN(t, l.LAN, 8080)
-	ml, err := net.Listen("tcp", "127.0.0.1:0")
+	// The daemon listens in its node's namespace: a free port there, and
+	// a client that dials there.
+	ml, err := l.Node.Host.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	metricsAddr := ml.Addr().String()
 	ml.Close()
+	metricsClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: l.Node.Host.DialContext}}
 	socket := filepath.Join(l.Dir, "run", "nodeagent.sock")
 	os.MkdirAll(filepath.Dir(socket), 0o755)
 	r := startDaemon(t, l.Node, l.Config, func(o *RunOptions) {
@@ -208,7 +210,7 @@ func TestPortLostAndBack(t *testing.T) {
 	r.socket = socket
 	file := filepath.Join(filepath.Dir(socket), "pia", l.Dev+".port")
 	get := func(path string) string {
-		resp, err := http.Get("http://" + metricsAddr + path)
+		resp, err := metricsClient.Get("http://" + metricsAddr + path)
 		if err != nil {
 			return ""
 		}

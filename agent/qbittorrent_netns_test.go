@@ -519,18 +519,21 @@ exit $rc
 	l.WriteConfig(t, "stub_ams")
 
 	// The metrics listener, for GET /v1/portforward.
-	ml, err := net.Listen("tcp", "127.0.0.1:0")
+	// The daemon listens in its node's namespace: a free port there, and
+	// a client that dials there.
+	ml, err := l.Node.Host.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	metricsAddr := ml.Addr().String()
 	ml.Close()
+	metricsClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: l.Node.Host.DialContext}}
 	r := startDaemon(t, l.Node, l.Config, func(o *RunOptions) {
 		o.StateDir, o.PIATimers, o.MetricsAddr = l.StateDir, fastPF, metricsAddr
 		o.PortHookTimers = portfwd.HookTimers{RefusedWait: refusedWait}
 	})
 	portforward := func() int {
-		resp, err := http.Get("http://" + metricsAddr + "/v1/portforward")
+		resp, err := metricsClient.Get("http://" + metricsAddr + "/v1/portforward")
 		if err != nil {
 			return -1
 		}

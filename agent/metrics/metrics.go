@@ -336,9 +336,11 @@ func (m *Metrics) Handler() http.Handler {
 
 // Serve serves /metrics, and the forwarded port (PortPaths, behind
 // apiKey when it is not ""), on addr (e.g. "127.0.0.1:9477") until ctx
-// ends. The daemon only calls it when given an address: the metrics are
-// read-only and secret-free (peers are named by public key), but a
-// listener is still something an operator should choose to open.
+// ends; it binds once. The daemon opens a listener only when given an
+// address (the metrics are read-only and secret-free, peers named by
+// public key, but a listener is still something an operator should choose
+// to open), waits for that address to be on the node (agent/bindwait),
+// and serves it with ServeListenerKey.
 func (m *Metrics) Serve(ctx context.Context, addr, apiKey string, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -75,7 +75,8 @@ Flags:
       --socket PATH   with run: the local API socket (default %s;
                       env NODEAGENT_SOCKET; "" for none)
       --metrics ADDR  with run: serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9477;
-                      env NODEAGENT_METRICS; default off), and the forwarded port as
+                      env NODEAGENT_METRICS; default off; an ADDR not yet on the node
+                      is waited for, not an error), and the forwarded port as
                       gluetun's control server does (GET /v1/portforward and
                       /v1/openvpn/portforwarded: {"port":N,"ports":[N]})
       --metrics-api-key-file FILE
