@@ -369,6 +369,22 @@ func (s configSchema) resolves(key string) bool {
 	return false
 }
 
+// configLinks are the links c makes: its VLANs, macvlans and WireGuard
+// devices, in that order.
+func configLinks(c *config.Config) []string {
+	var links []string
+	for _, v := range c.VLANs {
+		links = append(links, v.Name)
+	}
+	for _, m := range c.Macvlans {
+		links = append(links, m.Name)
+	}
+	for _, w := range c.WireGuard {
+		links = append(links, w.Name)
+	}
+	return links
+}
+
 // physicalLinks are the links a config may name without making them: the
 // seeds' trunk NIC.
 var physicalLinks = map[string]bool{"enp1s0": true}
@@ -378,14 +394,8 @@ var physicalLinks = map[string]bool{"enp1s0": true}
 // per-interface sysctl waiting for it would wait for ever.
 func crossRefs(c *config.Config) []string {
 	made := map[string]bool{}
-	for _, v := range c.VLANs {
-		made[v.Name] = true
-	}
-	for _, m := range c.Macvlans {
-		made[m.Name] = true
-	}
-	for _, w := range c.WireGuard {
-		made[w.Name] = true
+	for _, l := range configLinks(c) {
+		made[l] = true
 	}
 	var bad []string
 	ref := func(what, link string) {

@@ -33,17 +33,7 @@ func TestNetplanUnmanagedFile(t *testing.T) {
 			names = strings.Fields(v)
 		}
 	}
-	ex := homelab(t)
-	var links []string
-	for _, v := range ex.VLANs {
-		links = append(links, v.Name)
-	}
-	for _, m := range ex.Macvlans {
-		links = append(links, m.Name)
-	}
-	for _, w := range ex.WireGuard {
-		links = append(links, w.Name)
-	}
+	links := configLinks(homelab(t))
 	if strings.Join(names, " ") != strings.Join(links, " ") {
 		t.Errorf("the file's Name= is %q; the example's links are %q", names, links)
 	}
