@@ -172,7 +172,7 @@ func normPath(p string) string {
 	return strings.TrimPrefix(p, "/usr") // /usr/lib and /lib are one on Debian 12 and Ubuntu 24.04
 }
 
-// docLines is each doc's text as lines, roff converted to plain text.
+// text is a doc's text, a man page's converted to plain text.
 func (d docSet) text(name string) string {
 	if isRoff(name) {
 		return roffText(d[name])
@@ -895,13 +895,8 @@ func (d docSet) checkWalkthrough(p pkg) (problems []string, markers int) {
 		bad("README.md: walkthrough:config does not install a shipped example as /etc/nodeagent/nodeagent.yaml")
 		return problems, len(steps)
 	}
-	src := ""
-	for f, dst := range map[string]string{"examples/homelab.yaml": "/usr/share/doc/nodeagent/examples/homelab.yaml"} {
-		if dst == install[1] {
-			src = f
-		}
-	}
-	if src == "" || !p.files[install[1]] {
+	const src = "examples/homelab.yaml"
+	if install[1] != "/usr/share/doc/nodeagent/examples/homelab.yaml" || !p.files[install[1]] {
 		bad("README.md: the walkthrough installs %s, which is not the shipped examples/homelab.yaml", install[1])
 		return problems, len(steps)
 	}
