@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeagent/nodeagent/netcfg/config"
 	"github.com/nodeagent/nodeagent/netcfg/hazard"
 )
 
@@ -64,20 +63,7 @@ func TestNetworkManagerExampleCoversTheExample(t *testing.T) {
 			}
 		}
 	}
-	c, err := config.Parse("homelab.yaml", mustRead(t, "../examples/homelab.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var links []string
-	for _, v := range c.VLANs {
-		links = append(links, v.Name)
-	}
-	for _, m := range c.Macvlans {
-		links = append(links, m.Name)
-	}
-	for _, w := range c.WireGuard {
-		links = append(links, w.Name)
-	}
+	links := configLinks(homelab(t))
 	if strings.Join(devs, " ") != strings.Join(links, " ") {
 		t.Errorf("unmanaged-devices names %q; the example config's links are %q", devs, links)
 	}

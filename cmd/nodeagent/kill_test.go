@@ -204,7 +204,7 @@ func TestValidateAndPlanWithoutRoot(t *testing.T) {
 		if args[0] == "validate" && !strings.Contains(string(out), "wireguard[1].privateKeyFile: "+dir+"/etc/keys/wg0.key cannot be read: permission denied; not checked") {
 			t.Fatalf("validate as nobody:\n%s", out)
 		}
-		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "! wireguard wg-pia: private key:")) {
+		if args[0] == "plan" && (!strings.Contains(string(out), "not readable without root") || !strings.Contains(string(out), "! wireguard wg0: private key:")) {
 			t.Fatalf("plan as nobody:\n%s", out)
 		}
 	}

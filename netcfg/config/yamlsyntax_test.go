@@ -15,8 +15,8 @@ func TestYAMLSyntaxErrorLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The example with one list item indented a space too far: the
-	// comments above the vlans section must not take the blame.
-	item := "  - name: enp1s0.49\n"
+	// comments above it must not take the blame.
+	item := "  - name: wg0\n"
 	at := strings.Index(string(example), item)
 	if at < 0 {
 		t.Fatalf("the example has no %q", item)

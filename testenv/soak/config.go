@@ -82,6 +82,21 @@ func HomelabConfig(example []byte, p ConfigParams) ([]byte, error) {
 		}
 	})
 
+	// What the example leaves commented out as site-specific, the lab
+	// has: the Ceph SAN's VLAN 49 (whose address and link the nemesis
+	// deletes), the Gateway's VIP for checks.arpReachable, and wg-pia's
+	// key from a file of the lab's.
+	vlans := get(root, "vlans")
+	if vlans == nil || vlans.Kind != yaml.SequenceNode {
+		return nil, fmt.Errorf("%s: no vlans list", ExampleFile)
+	}
+	vlan49 := mapping("name", p.vlan49(), "parent", "enp1s0", "id", "49", "mtu", "1500")
+	vlan49.Content = append(vlan49.Content, scalar("addresses"),
+		&yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, Content: []*yaml.Node{scalar("10.10.49.10/24")}})
+	vlans.Content = append(vlans.Content, vlan49)
+	set(root, "checks", &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{scalar("arpReachable"),
+		{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, Content: []*yaml.Node{scalar(vip)}}}})
+
 	set(root, "node", mapping("name", p.Node))
 	// DAD as the lab tests run it: one probe, 50 ms, 200 ms (the example's
 	// three probes over 4 s would make every repair of a deleted address
@@ -122,6 +137,11 @@ func HomelabConfig(example []byte, p ConfigParams) ([]byte, error) {
 	}
 	if pia == nil || wg0 == nil {
 		return nil, fmt.Errorf("%s: no wg-pia with pia, or no wg0", ExampleFile)
+	}
+	for _, w := range get(root, "wireguard").Content {
+		if scalarOf(get(w, "name")) == p.PIADev {
+			set(w, "privateKeyFile", scalar(filepath.Join(p.Dir, "/etc/nodeagent/keys/wg-pia.key")))
+		}
 	}
 	set(pia, "region", scalar(p.Region))
 	for _, kv := range [][2]string{{"serverList", p.ServerList}, {"tokenURL", p.TokenURL}, {"caFile", p.CAFile},
