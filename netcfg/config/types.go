@@ -285,9 +285,11 @@ type PIA struct {
 	// (among regions with port forwarding when portForward is set).
 	Region string `yaml:"region"`
 	// CredentialsFile is the absolute path of the file holding the account
-	// (required): two lines (username, then password) or YAML {username:
-	// ..., password: ...}. It must be owned by root and readable by root
-	// only (chmod 600). Never logged.
+	// (required), in the one format nodeagent reads every credentials file
+	// in (the shipped port hooks' --credentials too): username=NAME and
+	// password=SECRET lines, two bare lines (the username, then the
+	// password), or YAML {username: ..., password: ...}. It must be owned
+	// by root and readable by root only (chmod 600). Never logged.
 	CredentialsFile string `yaml:"credentialsFile"`
 	// PortForward asks PIA for a forwarded port (regions that have it),
 	// keeps it bound and delivers it. "portForward: true" is short for
