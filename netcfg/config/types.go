@@ -345,7 +345,8 @@ type PortForward struct {
 	// NODEAGENT_PIA_PORT_LOST (1 or 0); it runs in its own process group,
 	// killed whole at hookTimeout and when the daemon stops; the first 4
 	// KiB of its output are logged. The PortDelivered condition says
-	// whether it took the current port. The package ships
+	// whether it took the current port (False, which degrades the node,
+	// while it fails). The package ships
 	// qbittorrent-port and transmission-port. Default: none.
 	OnChange []string `yaml:"onChange"`
 	// Every is how often onChange runs again after a success, with the
