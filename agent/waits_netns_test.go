@@ -141,3 +141,63 @@ checks:
 	}
 	t.Logf("route default dev tun9 in the kernel after tun9 appeared: worst of %d trials %s", trials, worst.Round(time.Millisecond))
 }
+
+// TestJournalSaysReadyAsStatusDoes is issue 45's "the journal and status
+// disagree on the word ready": a route in a kill-switch table names a
+// device the config does not create (tun9, an OpenVPN tun that comes
+// later). The first sync logs that it is done and the node is not ready,
+// with the reason status gives, never "node ready"; once tun9 appears
+// and the node is ready, "node ready" is logged, once, with a status
+// that says ready.
+func TestJournalSaysReadyAsStatusDoes(t *testing.T) {
+	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", peer, "eth0")
+	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
+	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
+macvlans:
+  - {name: shim0, parent: trunk0, addresses: [10.10.50.3/24]}
+routing:
+  tables:
+    - id: 150
+      killSwitch: true
+      routes: [{to: default, dev: tun9}]
+  rules:
+    - {priority: 1000, from: 10.10.50.0/24, table: 150}
+checks:
+  gatewayARP: false
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := launchUntil(t, node, cfg, nil, nil, "the first sync", func(s api.Status) bool { return s.LastSync != nil })
+	const notReady = `level=WARN msg="first sync done; the node is not ready" reason=WaitingForLink why="route default dev tun9 table 150`
+	waitFor(t, "the first sync's log line", 10*time.Second, func() bool { return strings.Contains(r.log.String(), notReady) })
+	line := ""
+	for _, l := range strings.Split(r.log.String(), "\n") {
+		if strings.Contains(l, "first sync done") {
+			line = l
+		}
+	}
+	t.Logf("the first sync's line: %s", line)
+	if !strings.Contains(line, `status="not ready; `) || !strings.Contains(line, "1 pending") {
+		t.Errorf("the first sync's line: %s", line)
+	}
+	s := r.d.Status()
+	if c := s.Condition(api.CondReady); s.Ready || c == nil || c.Reason != "WaitingForLink" || !strings.Contains(line, c.Message) {
+		t.Errorf("status: ready %v, Ready %+v; the log line: %s", s.Ready, c, line)
+	}
+	if strings.Contains(r.log.String(), `msg="node ready"`) {
+		t.Errorf(`"node ready" logged while the node is not ready:\n%s`, r.log.String())
+	}
+
+	node.Exec(t, "ip", "tuntap", "add", "dev", "tun9", "mode", "tun")
+	node.Exec(t, "ip", "link", "set", "tun9", "up")
+	waitFor(t, "ready once tun9 exists", 10*time.Second, func() bool { return r.d.Status().Ready })
+	waitFor(t, `"node ready" logged`, 10*time.Second, func() bool { return strings.Contains(r.log.String(), `msg="node ready"`) })
+	time.Sleep(time.Second) // a sync or two more
+	if n := strings.Count(r.log.String(), `msg="node ready"`); n != 1 {
+		t.Errorf(`%d "node ready" lines, want 1:\n%s`, n, r.log.String())
+	}
+	if !strings.Contains(r.log.String(), `level=INFO msg="node ready" status="ready; `) {
+		t.Errorf(`"node ready" without a status that says ready:\n%s`, r.log.String())
+	}
+}
