@@ -94,25 +94,7 @@ func TestPendingRouteFollowsLinkEvent(t *testing.T) {
 		// tier's budget for what the host's kernel shows as well.
 		t.Skip("the host tier runs this: it needs only TUN, and its 20 trials wait 5 s each")
 	}
-	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	node.Veth(t, "trunk0", peer, "eth0")
-	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
-	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
-macvlans:
-  - {name: shim0, parent: trunk0, addresses: [10.10.50.3/24]}
-routing:
-  tables:
-    - id: 150
-      killSwitch: true
-      routes: [{to: default, dev: tun9}]
-  rules:
-    - {priority: 1000, from: 10.10.50.0/24, table: 150}
-checks:
-  gatewayARP: false
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := launchUntil(t, node, cfg, nil, nil, "the first sync", func(s api.Status) bool { return s.LastSync != nil })
+	node, r := launchWaitingForTun9(t)
 	routed := func() bool {
 		out, _ := node.TryExec("ip", "route", "show", "table", "150", "dev", "tun9")
 		return strings.Contains(out, "default")
@@ -150,25 +132,7 @@ checks:
 // and the node is ready, "node ready" is logged, once, with a status
 // that says ready.
 func TestJournalSaysReadyAsStatusDoes(t *testing.T) {
-	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	node.Veth(t, "trunk0", peer, "eth0")
-	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
-	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
-macvlans:
-  - {name: shim0, parent: trunk0, addresses: [10.10.50.3/24]}
-routing:
-  tables:
-    - id: 150
-      killSwitch: true
-      routes: [{to: default, dev: tun9}]
-  rules:
-    - {priority: 1000, from: 10.10.50.0/24, table: 150}
-checks:
-  gatewayARP: false
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := launchUntil(t, node, cfg, nil, nil, "the first sync", func(s api.Status) bool { return s.LastSync != nil })
+	node, r := launchWaitingForTun9(t)
 	const notReady = `level=WARN msg="first sync done; the node is not ready" reason=WaitingForLink why="route default dev tun9 table 150`
 	waitFor(t, "the first sync's log line", 10*time.Second, func() bool { return strings.Contains(r.log.String(), notReady) })
 	line := ""
@@ -200,4 +164,29 @@ checks:
 	if !strings.Contains(r.log.String(), `level=INFO msg="node ready" status="ready; `) {
 		t.Errorf(`"node ready" without a status that says ready:\n%s`, r.log.String())
 	}
+}
+
+// launchWaitingForTun9 runs the daemon, up to its first sync, on a node
+// with a trunk and a config whose kill-switch table routes by tun9, a
+// device the config does not create (an OpenVPN tun that comes later).
+func launchWaitingForTun9(t *testing.T) (*testenv.NetNS, *running) {
+	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", peer, "eth0")
+	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
+	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
+macvlans:
+  - {name: shim0, parent: trunk0, addresses: [10.10.50.3/24]}
+routing:
+  tables:
+    - id: 150
+      killSwitch: true
+      routes: [{to: default, dev: tun9}]
+  rules:
+    - {priority: 1000, from: 10.10.50.0/24, table: 150}
+checks:
+  gatewayARP: false
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return node, launchUntil(t, node, cfg, nil, nil, "the first sync", func(s api.Status) bool { return s.LastSync != nil })
 }

@@ -2,18 +2,13 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
-	"github.com/nodeagent/nodeagent/netcfg/hazard"
-	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 	"github.com/nodeagent/nodeagent/testenv"
 	"github.com/nodeagent/nodeagent/testenv/piastub"
 )
@@ -43,18 +38,9 @@ echo "$NODEAGENT_PIA_PORT" > `+delivered+`
 	l.WriteConfig(t, "stub_ams")
 	l.Stub.Slow(time.Second)
 
-	run := t.TempDir()
-	os.Chmod(run, 0o755)
-	socket := filepath.Join(run, "nodeagent.sock")
-	ctl := ctlAt(socket)
 	start := time.Now()
-	d, _ := runDaemon(t, agent.RunOptions{
-		Options: agent.Options{Config: l.Config, TablesFile: filepath.Join(run, "rt.conf"), StateDir: l.StateDir, PortDir: filepath.Join(run, "pia")},
-		Socket:  socket, SocketGroup: "nogroup", Host: l.Node.Host, Resync: time.Hour,
-		PIATimers: pia.Timers{HandshakeWait: 4 * time.Second, BackoffMin: 300 * time.Millisecond, BackoffMax: 3 * time.Second},
-		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Hazards:   hazard.Paths{Root: t.TempDir()},
-	})
+	d, socket := runPIADaemon(t, l)
+	ctl := ctlAt(socket)
 	waitUntil(t, "the socket", 10*time.Second, func() bool { _, err := os.Stat(socket); return err == nil })
 
 	// Right after the start: not healthy, since the tunnel registers.
