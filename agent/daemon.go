@@ -182,8 +182,10 @@ type Daemon struct {
 	dirIDs    map[string]dirID // what the last full read's directories were
 	lastGood  *netcfg.Desired  // the last desired state applied without breaking a probe
 	badHash   string           // a config rolled back by safe apply, not retried until it changes
-	ready     bool
-	failures  int // consecutive failed syncs, for the retry backoff
+	ready     bool             // the first sync converged with nothing failed (READY=1 sent)
+	failures  int              // consecutive failed syncs, for the retry backoff
+	// readyLogged: "node ready" was logged, once Ready was True.
+	readyLogged bool
 	// skipped is what the last sync left out (bad peer files), so each is
 	// logged once when it appears, not on every sync.
 	skipped map[string]bool

@@ -104,6 +104,11 @@ func TestPortHookRetriesUntilDelivered(t *testing.T) {
 	if c := portDelivered(r); c.Status != api.False || !strings.Contains(c.Message, "qbittorrent refused the port") {
 		t.Errorf("PortDelivered while the hook fails: %+v", c)
 	}
+	// A port not delivered degrades the node (status exits 1, /readyz
+	// 503, wait --for=healthy waits), and says why.
+	if s := r.d.Status(); !s.Degraded || !slices.ContainsFunc(s.Degrading(), func(c api.Condition) bool { return c.Type == api.CondPortDelivered }) {
+		t.Errorf("while the hook fails: degraded %v by %+v, want degraded by PortDelivered", s.Degraded, s.Degrading())
+	}
 	h := tunnel(r).PortHook
 	if h == nil || h.Delivered || h.Port != port || h.Attempts < 1 || h.LastExit != "exit 1" || h.LastRun == nil || h.NextRun == nil ||
 		h.LastError != "exit status 1: qbittorrent refused the port" {
@@ -124,6 +129,7 @@ func TestPortHookRetriesUntilDelivered(t *testing.T) {
 	if c := portDelivered(r); c.Reason != "Delivered" || !strings.Contains(c.Message, fmt.Sprint(port)) {
 		t.Errorf("PortDelivered: %+v", c)
 	}
+	waitFor(t, "not degraded once delivered", 10*time.Second, func() bool { return !r.d.Status().Degraded })
 	if v := gauge(t, r, "nodeagent_port_delivered", "device", l.Dev); v != 1 {
 		t.Errorf("nodeagent_port_delivered %v, want 1", v)
 	}

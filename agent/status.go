@@ -349,10 +349,8 @@ func (d *Daemon) snapshot(at time.Time, post netcfg.Plans, devs []api.WireGuardD
 		summary = "not ready"
 	case s.Degraded:
 		var why []string
-		for _, c := range s.Conditions {
-			if c.Status == api.False && c.Type != api.CondLabelsSynced {
-				why = append(why, c.Type+"="+c.Reason)
-			}
+		for _, c := range s.Degrading() {
+			why = append(why, c.Type+"="+c.Reason)
 		}
 		summary = "degraded: " + strings.Join(why, ", ")
 	}
@@ -360,8 +358,9 @@ func (d *Daemon) snapshot(at time.Time, post netcfg.Plans, devs []api.WireGuardD
 }
 
 // refreshHealth derives Ready and Degraded from the conditions: ready once
-// the node converged with nothing failing; degraded while the last sync
-// failed, a reload was rejected, or a change was rolled back.
+// the node converged with nothing failing; degraded while any condition
+// but those of api.NotDegrading is False (the last sync failed, a reload
+// was rejected, a change was rolled back, a port not delivered, ...).
 func (d *Daemon) refreshHealth() {
 	d.mu.Lock()
 	healthy := d.healthLocked()
@@ -375,7 +374,7 @@ func (d *Daemon) healthLocked() bool {
 	s := &d.status
 	isFalse := func(typ string) bool { c := s.Condition(typ); return c != nil && c.Status == api.False }
 	s.Ready = !isFalse(api.CondReady) && s.LastSync != nil
-	s.Degraded = isFalse(api.CondConverged) || isFalse(api.CondConfigLoaded) || isFalse(api.CondSafeApply) || isFalse(api.CondKillSwitchArmed) || isFalse(api.CondARPReachable) || isFalse(api.CondPeersConfigured) || isFalse(api.CondTunnelHealthy) || isFalse(api.CondConflict) || isFalse(api.CondGatewayRole)
+	s.Degraded = len(s.Degrading()) > 0 // api.NotDegrading says which do not
 	return s.Ready && !s.Degraded
 }
 

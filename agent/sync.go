@@ -73,17 +73,37 @@ func (d *Daemon) sync(ctx context.Context, why trigger) error {
 	if len(failed) > 0 {
 		return errors.Join(failed...)
 	}
-	if !d.ready {
+	sum, first := d.summary(), !d.ready
+	if first {
 		d.ready = true
 		// The first full convergence: what systemd's READY=1 (and so
 		// units ordered after nodeagent) waited for.
-		sum := d.summary()
-		d.log.Info("node ready", "status", sum)
 		d.notify.Ready(sum)
 	} else {
-		d.notify.Status(d.summary())
+		d.notify.Status(sum)
 	}
+	d.logReady(sum, first)
 	return nil
+}
+
+// logReady says in the journal what status says of readiness, in the
+// same words: "node ready" once the Ready condition is True (at the
+// first sync that makes it so), and when the first sync that converged
+// (first) leaves it False, "first sync done; the node is not ready" with
+// the reason (an object waiting for a link the config does not create),
+// although systemd is told READY=1 then: the daemon has started.
+func (d *Daemon) logReady(sum string, first bool) {
+	if d.readyLogged {
+		return
+	}
+	c := d.condition(api.CondReady)
+	switch {
+	case c != nil && c.Status == api.True:
+		d.readyLogged = true
+		d.log.Info("node ready", "status", sum)
+	case first && c != nil:
+		d.log.Warn("first sync done; the node is not ready", "reason", c.Reason, "why", c.Message, "status", sum)
+	}
 }
 
 // syncPeers applies register files that changed (the file watch names

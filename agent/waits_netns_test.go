@@ -94,25 +94,7 @@ func TestPendingRouteFollowsLinkEvent(t *testing.T) {
 		// tier's budget for what the host's kernel shows as well.
 		t.Skip("the host tier runs this: it needs only TUN, and its 20 trials wait 5 s each")
 	}
-	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	node.Veth(t, "trunk0", peer, "eth0")
-	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
-	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
-macvlans:
-  - {name: shim0, parent: trunk0, addresses: [10.10.50.3/24]}
-routing:
-  tables:
-    - id: 150
-      killSwitch: true
-      routes: [{to: default, dev: tun9}]
-  rules:
-    - {priority: 1000, from: 10.10.50.0/24, table: 150}
-checks:
-  gatewayARP: false
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := launchUntil(t, node, cfg, nil, nil, "the first sync", func(s api.Status) bool { return s.LastSync != nil })
+	node, r := launchWaitingForTun9(t)
 	routed := func() bool {
 		out, _ := node.TryExec("ip", "route", "show", "table", "150", "dev", "tun9")
 		return strings.Contains(out, "default")
@@ -140,4 +122,71 @@ checks:
 		node.Exec(t, "ip", "link", "del", "tun9")
 	}
 	t.Logf("route default dev tun9 in the kernel after tun9 appeared: worst of %d trials %s", trials, worst.Round(time.Millisecond))
+}
+
+// TestJournalSaysReadyAsStatusDoes is issue 45's "the journal and status
+// disagree on the word ready": a route in a kill-switch table names a
+// device the config does not create (tun9, an OpenVPN tun that comes
+// later). The first sync logs that it is done and the node is not ready,
+// with the reason status gives, never "node ready"; once tun9 appears
+// and the node is ready, "node ready" is logged, once, with a status
+// that says ready.
+func TestJournalSaysReadyAsStatusDoes(t *testing.T) {
+	node, r := launchWaitingForTun9(t)
+	const notReady = `level=WARN msg="first sync done; the node is not ready" reason=WaitingForLink why="route default dev tun9 table 150`
+	waitFor(t, "the first sync's log line", 10*time.Second, func() bool { return strings.Contains(r.log.String(), notReady) })
+	line := ""
+	for _, l := range strings.Split(r.log.String(), "\n") {
+		if strings.Contains(l, "first sync done") {
+			line = l
+		}
+	}
+	t.Logf("the first sync's line: %s", line)
+	if !strings.Contains(line, `status="not ready; `) || !strings.Contains(line, "1 pending") {
+		t.Errorf("the first sync's line: %s", line)
+	}
+	s := r.d.Status()
+	if c := s.Condition(api.CondReady); s.Ready || c == nil || c.Reason != "WaitingForLink" || !strings.Contains(line, c.Message) {
+		t.Errorf("status: ready %v, Ready %+v; the log line: %s", s.Ready, c, line)
+	}
+	if strings.Contains(r.log.String(), `msg="node ready"`) {
+		t.Errorf(`"node ready" logged while the node is not ready:\n%s`, r.log.String())
+	}
+
+	node.Exec(t, "ip", "tuntap", "add", "dev", "tun9", "mode", "tun")
+	node.Exec(t, "ip", "link", "set", "tun9", "up")
+	waitFor(t, "ready once tun9 exists", 10*time.Second, func() bool { return r.d.Status().Ready })
+	waitFor(t, `"node ready" logged`, 10*time.Second, func() bool { return strings.Contains(r.log.String(), `msg="node ready"`) })
+	time.Sleep(time.Second) // a sync or two more
+	if n := strings.Count(r.log.String(), `msg="node ready"`); n != 1 {
+		t.Errorf(`%d "node ready" lines, want 1:\n%s`, n, r.log.String())
+	}
+	if !strings.Contains(r.log.String(), `level=INFO msg="node ready" status="ready; `) {
+		t.Errorf(`"node ready" without a status that says ready:\n%s`, r.log.String())
+	}
+}
+
+// launchWaitingForTun9 runs the daemon, up to its first sync, on a node
+// with a trunk and a config whose kill-switch table routes by tun9, a
+// device the config does not create (an OpenVPN tun that comes later).
+func launchWaitingForTun9(t *testing.T) (*testenv.NetNS, *running) {
+	node, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	node.Veth(t, "trunk0", peer, "eth0")
+	cfg := filepath.Join(t.TempDir(), "nodeagent.yaml")
+	if err := os.WriteFile(cfg, []byte(`dad: {disabled: true}
+macvlans:
+  - {name: shim0, parent: trunk0, addresses: [10.10.50.3/24]}
+routing:
+  tables:
+    - id: 150
+      killSwitch: true
+      routes: [{to: default, dev: tun9}]
+  rules:
+    - {priority: 1000, from: 10.10.50.0/24, table: 150}
+checks:
+  gatewayARP: false
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return node, launchUntil(t, node, cfg, nil, nil, "the first sync", func(s api.Status) bool { return s.LastSync != nil })
 }

@@ -43,6 +43,32 @@ func FromConfigCached(c *config.Config, tablesFile string, reg *register.Cache) 
 // daemon's start-up. A desired state that is not returned (an error) has
 // its stages deleted.
 func FromConfigStaged(c *config.Config, tablesFile string, reg *register.Cache, st *wg.Stager) (Desired, error) {
+	d, errs := fromConfigAlone(c, tablesFile)
+	if errors.Join(errs...) != nil {
+		st = nil // no stage for a desired state that will not be returned
+	}
+	d.WG = wgFromConfig(c, config.Options{}, reg, st)
+	if err := errors.Join(errs...); err != nil {
+		for _, dev := range d.WG.Devices {
+			dev.Stage.Discard()
+		}
+		return d, err
+	}
+	return d, nil
+}
+
+// CheckOffline derives what FromConfig does from c alone (links, sysctls,
+// routing, nftables) and returns what fails, reading no file: not the
+// WireGuard keys or registers, which FromConfig reads. It is `nodeagent
+// validate --offline`'s last step, after the config's own validation.
+func CheckOffline(c *config.Config) error {
+	_, errs := fromConfigAlone(c, "")
+	return errors.Join(errs...)
+}
+
+// fromConfigAlone is FromConfig without the WireGuard devices, which
+// read key files and registers: everything derived from c alone.
+func fromConfigAlone(c *config.Config, tablesFile string) (Desired, []error) {
 	var d Desired
 	var errs []error
 	prefixes := func(owner string, ss []string) []netip.Prefix {
@@ -86,17 +112,7 @@ func FromConfigStaged(c *config.Config, tablesFile string, reg *register.Cache, 
 	errs = append(errs, err)
 	d.Nft, err = nftFromConfig(c.Firewall)
 	errs = append(errs, err)
-	if errors.Join(errs...) != nil {
-		st = nil // no stage for a desired state that will not be returned
-	}
-	d.WG = wgFromConfig(c, config.Options{}, reg, st)
-	if err := errors.Join(errs...); err != nil {
-		for _, dev := range d.WG.Devices {
-			dev.Stage.Discard()
-		}
-		return d, err
-	}
-	return d, nil
+	return d, errs
 }
 
 // DefaultTablesFile is where the tables' names are written for `ip`.

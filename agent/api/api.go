@@ -17,7 +17,10 @@
 //	GET  /readyz      200 once the first full convergence is done and the node is not degraded
 package api
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // DefaultSocket is where the daemon listens.
 const DefaultSocket = "/run/nodeagent/nodeagent.sock"
@@ -71,11 +74,15 @@ const (
 	// a program deletes, and the kill switch holds meanwhile.
 	CondCoexistence = "Coexistence"
 	// PortDelivered: every PIA device's portForward.onChange exited 0 for
-	// its current port (reason Delivered). False with reason Pending
-	// while a first run for a new port is due or running (or no port is
-	// bound yet), HookFailed with the first line of the error while the
-	// hook fails (it is retried with backoff). Absent when no device has
-	// an onChange. It neither degrades the node nor holds back Ready.
+	// its current port (reason Delivered) and the port files were written.
+	// Unknown with reason Pending while there is nothing to deliver yet:
+	// no port bound (PIA still registering, binding), or the first run for
+	// a new port due or running. False with reason HookFailed (the first
+	// line of the error) while the hook fails or times out (it is retried
+	// with backoff), CredentialsRefused when it exited 77, PortFileFailed
+	// when a port file could not be written. Absent when no device has an
+	// onChange and every port file was written. False degrades the node;
+	// it never holds back Ready.
 	CondPortDelivered = "PortDelivered"
 	// Conflict: no object is in a fight with another program. False names
 	// each object nodeagent backed off (repaired agent/fight's bound of
@@ -90,6 +97,33 @@ const (
 	// Fenced, which degrades the node. Absent without a gateway role.
 	CondGatewayRole = "GatewayRole"
 )
+
+// NotDegrading are the condition types that leave the node not degraded
+// when False: Ready is readiness itself (a node not ready is "not
+// ready"), LabelsSynced is about the Node object, which never gates
+// networking, and Coexistence names hazards whose damage nodeagent
+// repairs. Every other condition degrades the node while it is False:
+// `nodeagentctl status` exits 1, /readyz answers 503, nodeagent_ready is 0,
+// `nodeagentctl wait --for=healthy` waits on. This is the one place that
+// says which; nodeagentctl(1)'s CONDITIONS names the same set, and a test
+// holds the two together.
+var NotDegrading = []string{CondReady, CondLabelsSynced, CondCoexistence}
+
+// Degrades reports whether a condition of type typ degrades the node
+// while it is False (Unknown never does).
+func Degrades(typ string) bool { return !slices.Contains(NotDegrading, typ) }
+
+// Degrading are the conditions of s that make it degraded: False, of a
+// type that Degrades.
+func (s *Status) Degrading() []Condition {
+	var out []Condition
+	for _, c := range s.Conditions {
+		if c.Status == False && Degrades(c.Type) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
 
 // Condition is one aspect of the node's state, Kubernetes-style.
 type Condition struct {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodeagent/nodeagent/agent/kube"
 	"github.com/nodeagent/nodeagent/netcfg/config"
+	"github.com/nodeagent/nodeagent/netcfg/cred"
 	"github.com/nodeagent/nodeagent/netcfg/fsafe"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
@@ -129,13 +130,20 @@ func (k *checker) peersDir(field, dir string) {
 // what the config's validation could not.
 func (k *checker) pia(p string, s config.PIA, o Options) {
 	if s.CredentialsFile != "" {
-		_, err := pia.ReadCreds(s.CredentialsFile)
+		_, err := cred.Read(s.CredentialsFile)
 		k.readRoots(p+".credentialsFile", s.CredentialsFile, err)
 	}
 	if pf := s.PortForward; pf.Enabled && len(pf.OnChange) > 0 && strings.HasPrefix(pf.OnChange[0], "/") {
 		field := p + ".portForward.onChange"
 		for _, msg := range HookProblems(pf.OnChange[0]) {
 			k.errorf(field, "%s", msg)
+		}
+		if f := HookCredentials(pf.OnChange); f != "" {
+			_, err := cred.Read(f)
+			if err != nil {
+				err = fmt.Errorf("--credentials %w", err)
+			}
+			k.readRoots(field, f, err)
 		}
 	}
 	for _, f := range []struct{ name, path string }{{"caFile", s.CAFile}, {"webCAFile", s.WebCAFile}} {

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -16,6 +17,28 @@ import (
 // (/tmp, /var/tmp, private and empty). A hook there validates on the
 // command line and is not found when the daemon runs it.
 var SandboxHidden = []string{"/home", "/root", "/run/user", "/tmp", "/var/tmp"}
+
+// ShippedHooks are the port hooks the package ships (packaging/examples/
+// hooks): their --credentials file is in netcfg/cred's format, which
+// validate checks.
+var ShippedHooks = []string{"qbittorrent-port", "transmission-port"}
+
+// HookCredentials is the --credentials file of an onChange that runs a
+// shipped hook (ShippedHooks, by the first word's base name), or "".
+func HookCredentials(argv []string) string {
+	if len(argv) == 0 || !slices.Contains(ShippedHooks, filepath.Base(argv[0])) {
+		return ""
+	}
+	for i, a := range argv[1:] {
+		if v, ok := strings.CutPrefix(a, "--credentials="); ok {
+			return v
+		}
+		if a == "--credentials" && i+2 < len(argv) {
+			return argv[i+2]
+		}
+	}
+	return ""
+}
 
 // HookProblems are what is wrong with path as a command nodeagent runs as
 // root (portForward.onChange's first word), checked as a key file is:

@@ -135,7 +135,7 @@ func New() *Metrics {
 		}, []string{"device", "result"}),
 		condition: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "condition",
-			Help: "The daemon's conditions (Ready, Converged, ConfigLoaded, KillSwitchArmed, SafeApply, ARPReachable, PeersConfigured, TunnelHealthy, LabelsSynced, PortDelivered, Coexistence, Conflict): 1 True, 0 False; absent while not reported.",
+			Help: "The daemon's conditions (Ready, Converged, ConfigLoaded, KillSwitchArmed, SafeApply, ARPReachable, PeersConfigured, TunnelHealthy, LabelsSynced, PortDelivered, Coexistence, Conflict, GatewayRole): 1 True, 0 False; absent while not reported or Unknown.",
 		}, []string{"condition"}),
 		wg: newWireGuardCollector(time.Now),
 	}

@@ -106,6 +106,9 @@ type Manager struct {
 	// files is what the port files are known to hold (nil: not known,
 	// read them before the next change).
 	files Files
+	// filesErr is why the port files could not be brought in line (nil
+	// once they were): a port not delivered, for the condition.
+	filesErr error
 	// metric: the devices with a forwarded_port series.
 	metric map[string]bool
 }
@@ -260,7 +263,7 @@ func (m *Manager) publishFiles() {
 	have, err := ObserveFiles(m.o.Dir)
 	if err != nil {
 		m.o.Log.Warn("reading the forwarded ports' files", "dir", m.o.Dir, "err", err)
-		m.files = nil
+		m.files, m.filesErr = nil, fmt.Errorf("reading the port files in %s: %w", m.o.Dir, err)
 		return
 	}
 	ops := MakeFilesPlan(want, have)
@@ -272,10 +275,10 @@ func (m *Manager) publishFiles() {
 	reached, err := ApplyFiles(m.o.Dir, have, ops)
 	if err != nil {
 		m.o.Log.Warn("writing the forwarded ports' files", "err", err)
-		m.files = nil
+		m.files, m.filesErr = nil, err
 		return
 	}
-	m.files = reached
+	m.files, m.filesErr = reached, nil
 }
 
 // Ports are the published ports by device (for the Node's annotation).
@@ -402,10 +405,19 @@ func (m *Manager) Hook(name string) *api.PortHook {
 	return h
 }
 
-// Condition is the PortDelivered condition over the devices with a hook:
-// ok false when none has one (the condition is absent).
+// Condition is the PortDelivered condition over the devices with a hook
+// and the port files: ok false when no device has a hook and the files
+// were written (the condition is absent). A delivery that failed (the
+// hook exited non-zero, timed out or had its credentials refused; a port
+// file not written) is False, which degrades the node; nothing to deliver
+// yet (no port bound, the first run for it due or running) is Unknown,
+// which does not.
 func (m *Manager) Condition(now time.Time) (c api.Condition, ok bool) {
 	var refused, failed, pending, done []string
+	fileFailed := m.filesErr != nil
+	if fileFailed {
+		failed = append(failed, "port files: "+strings.ReplaceAll(m.filesErr.Error(), "\n", "; "))
+	}
 	for _, name := range slices.Sorted(maps.Keys(m.devs)) {
 		d := m.devs[name]
 		h := m.Hook(name)
@@ -445,10 +457,12 @@ func (m *Manager) Condition(now time.Time) (c api.Condition, ok bool) {
 		return api.Condition{}, false
 	case len(refused) > 0:
 		return api.Condition{Type: api.CondPortDelivered, Status: api.False, Reason: "CredentialsRefused", Message: strings.Join(slices.Concat(refused, failed, pending), "; ")}, true
+	case len(failed) == 1 && fileFailed:
+		return api.Condition{Type: api.CondPortDelivered, Status: api.False, Reason: "PortFileFailed", Message: strings.Join(append(failed, pending...), "; ")}, true
 	case len(failed) > 0:
 		return api.Condition{Type: api.CondPortDelivered, Status: api.False, Reason: "HookFailed", Message: strings.Join(append(failed, pending...), "; ")}, true
 	case len(pending) > 0:
-		return api.Condition{Type: api.CondPortDelivered, Status: api.False, Reason: "Pending", Message: strings.Join(pending, "; ")}, true
+		return api.Condition{Type: api.CondPortDelivered, Status: api.Unknown, Reason: "Pending", Message: strings.Join(pending, "; ")}, true
 	}
 	return api.Condition{Type: api.CondPortDelivered, Status: api.True, Reason: "Delivered", Message: strings.Join(done, "; ")}, true
 }

@@ -225,3 +225,82 @@ func TestConditionRefused(t *testing.T) {
 		t.Error("Retry of a device that is not a PIA device")
 	}
 }
+
+// TestConditionDegradesOnlyOnFailure: PortDelivered is Unknown (Pending)
+// while there is nothing to deliver yet, a port not bound (PIA still
+// registering) or its first run due, so it does not degrade the node; it
+// is False, which degrades it, once a delivery failed: the hook exited
+// non-zero, or a port file could not be written, even on a device with
+// no hook; and absent again once the files are written and no device
+// has a hook.
+func TestConditionDegradesOnlyOnFailure(t *testing.T) {
+	dir := t.TempDir()
+	fail := filepath.Join(t.TempDir(), "fail")
+	os.WriteFile(fail, nil, 0o644)
+	hookPath := filepath.Join(dir, "hook")
+	os.WriteFile(hookPath, []byte("#!/bin/sh\n[ -e "+fail+" ] && { echo 'qbittorrent-port: no answer'; exit 1; }\nexit 0\n"), 0o755)
+	ran := make(chan string, 16)
+	m := New(Options{Ran: func(d string) { ran <- d }, Hooks: HookTimers{BackoffMin: 100 * time.Millisecond, BackoffMax: 200 * time.Millisecond}})
+	m.Start(t.Context())
+	m.Configure(map[string]Device{"wg-pia": {Enabled: true, Argv: []string{hookPath}, Timeout: 5 * time.Second}})
+	defer func() { m.Stop(); m.Wait(10 * time.Second) }()
+	degrades := func(c api.Condition) bool {
+		s := api.Status{Conditions: []api.Condition{c}}
+		return len(s.Degrading()) > 0
+	}
+
+	// PIA still registering: no port.
+	m.Publish(map[string]Bind{}, time.Now())
+	c, ok := m.Condition(time.Now())
+	if !ok || c.Status != api.Unknown || c.Reason != "Pending" || !strings.Contains(c.Message, "no port bound yet") || degrades(c) {
+		t.Errorf("no port yet: %+v (degrades %v)", c, degrades(c))
+	}
+	// A port, and a hook that fails: False, degraded.
+	m.Publish(map[string]Bind{"wg-pia": {Port: 47000}}, time.Now())
+	<-ran
+	c, _ = m.Condition(time.Now())
+	if c.Status != api.False || c.Reason != "HookFailed" || !strings.Contains(c.Message, "qbittorrent-port: no answer") || !degrades(c) {
+		t.Errorf("hook failed: %+v (degrades %v)", c, degrades(c))
+	}
+	// The hook succeeds: True.
+	os.Remove(fail)
+	for {
+		<-ran
+		if c, _ = m.Condition(time.Now()); c.Status == api.True {
+			break
+		}
+	}
+	if c.Reason != "Delivered" || degrades(c) {
+		t.Errorf("delivered: %+v", c)
+	}
+
+	// A device without a hook whose port file cannot be written: its
+	// directory is a file, then the file's name is a directory. False,
+	// PortFileFailed, naming the path.
+	blocked := filepath.Join(t.TempDir(), "run")
+	os.WriteFile(blocked, nil, 0o644)
+	pdir := filepath.Join(blocked, "pia")
+	f := New(Options{Dir: pdir})
+	f.Configure(map[string]Device{"wg-pia": {Enabled: true}})
+	f.Publish(map[string]Bind{"wg-pia": {Port: 47000}}, time.Now())
+	c, ok = f.Condition(time.Now())
+	if !ok || c.Status != api.False || c.Reason != "PortFileFailed" || !strings.Contains(c.Message, "reading the port files in "+pdir) || !degrades(c) {
+		t.Errorf("port files' directory a file: %+v %v", c, ok)
+	}
+	os.Remove(blocked)
+	os.MkdirAll(filepath.Join(pdir, "wg-pia.port", "x"), 0o755)
+	f.Publish(map[string]Bind{"wg-pia": {Port: 47000}}, time.Now())
+	c, ok = f.Condition(time.Now())
+	if !ok || c.Status != api.False || c.Reason != "PortFileFailed" || !strings.Contains(c.Message, "port file "+filepath.Join(pdir, "wg-pia.port")) || !degrades(c) {
+		t.Errorf("port file a directory: %+v %v", c, ok)
+	}
+	// Fixed: written, and no hook, so absent.
+	os.RemoveAll(filepath.Join(pdir, "wg-pia.port"))
+	f.Publish(map[string]Bind{"wg-pia": {Port: 47000}}, time.Now())
+	if c, ok := f.Condition(time.Now()); ok {
+		t.Errorf("port file written, no hook: %+v", c)
+	}
+	if b, err := os.ReadFile(filepath.Join(pdir, "wg-pia.port")); err != nil || string(b) != "47000\n" {
+		t.Errorf("port file: %q %v", b, err)
+	}
+}

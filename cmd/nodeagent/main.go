@@ -19,6 +19,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent"
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/logging"
+	"github.com/nodeagent/nodeagent/agent/offline"
 	"github.com/nodeagent/nodeagent/cmd/internal/cliflags"
 	"github.com/nodeagent/nodeagent/cmd/nodeagent/internal/earlyhup"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -38,7 +39,13 @@ Usage:
   nodeagent run [-c FILE]            the daemon: converge, then keep the node converged (config and
                                      peersDir changes, SIGHUP, kernel events, a resync every 30s),
                                      serving status on the local API socket
-  nodeagent validate [-c FILE]       check the config; exit 1 with every error as file:line: field: reason
+  nodeagent validate [-c FILE]       check the config and read every file it names as the daemon
+                                     will; exit 1 with every error as file:line: field: reason
+  nodeagent validate --offline [-c FILE]
+                                     check the config alone (schema, semantics, cross-references)
+                                     reading no file it names (keys, credentials, peersDir, the
+                                     port hook) nor the state directory: for a config checked in
+                                     a repository's CI, away from the node
   nodeagent plan [-c FILE]           print what would change (+ add, ~ change, - remove, ! cannot);
                                      writes nothing and needs no root
   nodeagent regions [-c FILE]        list the cached PIA server list's region ids, port forwarding marked
@@ -66,6 +73,7 @@ Flags:
                       cached server list, under DIR/pia (default /var/lib/nodeagent;
                       env NODEAGENT_STATE_DIR); plan and validate read it
       --once          with apply: converge once and exit
+      --offline       with validate: check the config alone, reading no file it names
       --force         with teardown: delete links that other namespaces' links
                       (pods attached by a CNI plugin) sit on; the kernel
                       deletes those with them
@@ -114,6 +122,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.String("rt-tables", netcfg.DefaultTablesFile, "rt_tables.d entry")
 	fs.String("state-dir", pia.DefaultStateDir, "state directory")
 	once := fs.Bool("once", false, "converge once and exit")
+	offlineFlag := fs.Bool("offline", false, "validate: read no file the config names")
 	force := fs.Bool("force", false, "teardown: delete links pods sit on")
 	fs.String("lock", agent.DefaultLock, "lock file")
 	fs.String("socket", api.DefaultSocket, "local API socket")
@@ -175,8 +184,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log := logging.New(stderr, level)
 
 	cmd := fs.Arg(0)
+	if *offlineFlag && cmd != "validate" {
+		fmt.Fprintf(stderr, "nodeagent: --offline is for validate, not %s\n", cmd)
+		return 2
+	}
 	var work func(ctx context.Context) error
-	switch cmd {
+	which := cmd
+	if *offlineFlag {
+		which = "validate-offline"
+	}
+	switch which {
 	case "run":
 		logging.RouteKlog(log)
 		work = func(ctx context.Context) error {
@@ -190,6 +207,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return runDaemon(ctx, log, o)
 		}
+	case "validate-offline":
+		work = func(context.Context) error { return offline.Validate(stdout, opts.Config) }
 	case "validate":
 		work = func(context.Context) error { return agent.Validate(stdout, opts) }
 	case "plan":
@@ -234,7 +253,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		var invalid *agent.InvalidError
-		if errors.As(err, &invalid) {
+		var offlineInvalid *offline.InvalidError
+		if errors.As(err, &invalid) || errors.As(err, &offlineInvalid) {
 			fmt.Fprintln(stderr, err)
 		} else {
 			fmt.Fprintf(stderr, "nodeagent: %v\n", err)

@@ -121,7 +121,7 @@ func TestManPageCoversUsage(t *testing.T) {
 	page := strings.ReplaceAll(string(man), `\-`, "-")
 	for _, word := range []string{"run", "validate", "plan", "regions", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
 		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync", "--log-level", "NODEAGENT_LOG_LEVEL",
-		"--lock", "NODEAGENT_LOCK", agent.DefaultLock} {
+		"--lock", "NODEAGENT_LOCK", agent.DefaultLock, "--offline"} {
 		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket), word) {
 			t.Errorf("usage lacks %q", word)
 		}

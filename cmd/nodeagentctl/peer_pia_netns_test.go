@@ -48,17 +48,9 @@ func TestPeerViaPIA(t *testing.T) {
 	// Anything from wg0's clients seen at the WAN left outside the tunnel.
 	l.WAN.Exec(t, "nft", "add", "rule", "inet", "leak", "pre", "ip", "saddr", "10.90.0.0/24", "counter", "comment", `"clients"`)
 
-	run := t.TempDir()
-	os.Chmod(run, 0o755)
-	cl.socket = filepath.Join(run, "nodeagent.sock")
+	var d *agent.Daemon
+	d, cl.socket = runPIADaemon(t, l)
 	cl.ctl = ctlAt(cl.socket)
-	d, _ := runDaemon(t, agent.RunOptions{
-		Options: agent.Options{Config: l.Config, TablesFile: filepath.Join(run, "rt.conf"), StateDir: l.StateDir, PortDir: filepath.Join(run, "pia")},
-		Socket:  cl.socket, SocketGroup: "nogroup", Host: l.Node.Host, Resync: time.Hour,
-		PIATimers: pia.Timers{HandshakeWait: 4 * time.Second, BackoffMin: 300 * time.Millisecond, BackoffMax: 3 * time.Second},
-		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Hazards:   hazard.Paths{Root: t.TempDir()},
-	})
 	tunnel := func() api.PIATunnel {
 		for _, p := range d.Status().PIA {
 			return p
@@ -191,4 +183,21 @@ func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// runPIADaemon runs the daemon on l's node, its socket (returned), port
+// files and routing tables' names in a directory of the test's, with
+// PIA's timers shortened.
+func runPIADaemon(t *testing.T, l *piastub.Lab) (*agent.Daemon, string) {
+	run := t.TempDir()
+	os.Chmod(run, 0o755)
+	socket := filepath.Join(run, "nodeagent.sock")
+	d, _ := runDaemon(t, agent.RunOptions{
+		Options: agent.Options{Config: l.Config, TablesFile: filepath.Join(run, "rt.conf"), StateDir: l.StateDir, PortDir: filepath.Join(run, "pia")},
+		Socket:  socket, SocketGroup: "nogroup", Host: l.Node.Host, Resync: time.Hour,
+		PIATimers: pia.Timers{HandshakeWait: 4 * time.Second, BackoffMin: 300 * time.Millisecond, BackoffMax: 3 * time.Second},
+		Log:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hazards:   hazard.Paths{Root: t.TempDir()},
+	})
+	return d, socket
 }

@@ -285,9 +285,11 @@ type PIA struct {
 	// (among regions with port forwarding when portForward is set).
 	Region string `yaml:"region"`
 	// CredentialsFile is the absolute path of the file holding the account
-	// (required): two lines (username, then password) or YAML {username:
-	// ..., password: ...}. It must be owned by root and readable by root
-	// only (chmod 600). Never logged.
+	// (required), in the one format nodeagent reads every credentials file
+	// in (the shipped port hooks' --credentials too): username=NAME and
+	// password=SECRET lines, two bare lines (the username, then the
+	// password), or YAML {username: ..., password: ...}. It must be owned
+	// by root and readable by root only (chmod 600). Never logged.
 	CredentialsFile string `yaml:"credentialsFile"`
 	// PortForward asks PIA for a forwarded port (regions that have it),
 	// keeps it bound and delivers it. "portForward: true" is short for
@@ -343,7 +345,8 @@ type PortForward struct {
 	// NODEAGENT_PIA_PORT_LOST (1 or 0); it runs in its own process group,
 	// killed whole at hookTimeout and when the daemon stops; the first 4
 	// KiB of its output are logged. The PortDelivered condition says
-	// whether it took the current port. The package ships
+	// whether it took the current port (False, which degrades the node,
+	// while it fails). The package ships
 	// qbittorrent-port and transmission-port. Default: none.
 	OnChange []string `yaml:"onChange"`
 	// Every is how often onChange runs again after a success, with the

@@ -293,28 +293,6 @@ func TestParseList(t *testing.T) {
 	}
 }
 
-func TestParseCreds(t *testing.T) {
-	for _, tt := range []struct{ in, user, want string }{
-		{"p1234567\nhunter2\n", "p1234567", ""},
-		{"p1234567\r\nhunter2\r\n", "p1234567", ""},
-		{"username: p1234567\npassword: hunter2\n", "p1234567", ""},
-		{"p1234567\n", "", "has 1 lines"},
-		{"a\nb\nc\n", "", "has 3 lines"},
-		{"username: p1234567\n", "", "no password"},
-		{"username: [x\npassword: hunter2\n", "", "not YAML"},
-	} {
-		c, err := parseCreds([]byte(tt.in))
-		switch {
-		case tt.want == "" && (err != nil || c.Username != tt.user || c.Password.Value() != "hunter2"):
-			t.Errorf("%q: %+v, %v", tt.in, c, err)
-		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-			t.Errorf("%q: got %v, want %q", tt.in, err, tt.want)
-		case err != nil && strings.Contains(err.Error(), "hunter2"):
-			t.Errorf("%q: the error quotes the password", tt.in)
-		}
-	}
-}
-
 // The test certificates' validity: from before the rigs' fake clock (set
 // in 2026) to long after the real one, so that only a test that means to
 // puts a clock outside it.
