@@ -54,8 +54,10 @@ func TestValidateOffline(t *testing.T) {
 	cfg := filepath.Join(dir, "homelab.yaml")
 	os.WriteFile(cfg, []byte(moved), 0o644)
 	code, _, errs := validate("-c", cfg, "--state-dir", filepath.Join(dir, "state"))
-	for _, f := range []string{"keys/wg0.key", "pia.cred", "qbittorrent-port"} {
-		want := fmt.Sprintf("%s:%d: ", cfg, lineOf(t, moved, gone+"/"+f))
+	// Each file at the line of the key that names it (a comment above
+	// may name the same path).
+	for f, key := range map[string]string{"keys/wg0.key": "privateKeyFile: ", "pia.cred": "credentialsFile: ", "qbittorrent-port": "onChange: ["} {
+		want := fmt.Sprintf("%s:%d: ", cfg, lineOf(t, moved, key+gone+"/"+f))
 		if code != 1 || !strings.Contains(errs, want) || !strings.Contains(errs, gone+"/"+f+" does not exist") {
 			t.Errorf("validate (online) of the example without its files: exit %d, want 1 and %q naming %s:\n%s", code, want, f, errs)
 		}
@@ -67,7 +69,7 @@ func TestValidateOffline(t *testing.T) {
 	// Mistakes the config alone shows, each at its line.
 	for _, c := range []struct{ name, from, to, field, msg string }{
 		{"a typo'd field", "listenPort: 51820", "listenPortt: 51820", "wireguard[1].listenPortt", `unknown field (did you mean "listenPort"?)`},
-		{"a VLAN id out of range", "id: 49", "id: 4095", "vlans[1].id", "4095 is outside 1-4094"},
+		{"a VLAN id out of range", "id: 50 ", "id: 4095 ", "vlans[0].id", "4095 is outside 1-4094"},
 		{"a rule's table the config does not have", "table: 150           #", "table: 151           #", "routing.rules[0].table", "151"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
