@@ -255,6 +255,58 @@ func (h *Host) AddrReown(a Addr, inPlaceOnly bool) (inPlace bool, err error) {
 	return false, h.AddrAdd(a.LinkIndex, p)
 }
 
+// AddrUnmark takes nodeagent's IFA_PROTO mark off the address p of the
+// link, in place (one RTM_NEWADDR with NLM_F_REPLACE carrying IFA_PROTO 0
+// and the address's own flags, lifetimes and metric, so that nothing else
+// changes), and reports whether it is unmarked now: the address is read
+// back. It never deletes the address. A kernel that does not take a new
+// IFA_PROTO on a replace (IPv4 before Linux 6.4) leaves the mark, and
+// AddrUnmark says so with false and no error; an address that is gone, or
+// has no mark, is unmarked already.
+func (h *Host) AddrUnmark(linkIndex int, p netip.Prefix) (bool, error) {
+	cur, err := h.addrOn(linkIndex, p)
+	if err != nil || cur == nil || cur.Proto != Proto {
+		return err == nil, err
+	}
+	family := unix.AF_INET6
+	if p.Addr().Is4() {
+		family = unix.AF_INET
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_NEWADDR, unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+	msg := nl.NewIfAddrmsg(family)
+	msg.Index = uint32(linkIndex)
+	msg.Prefixlen = uint8(p.Bits())
+	msg.Scope = cur.Scope
+	req.AddData(msg)
+	ip := p.Addr().AsSlice()
+	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, ip))
+	req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, ip))
+	if family == unix.AF_INET && p.Bits() < 31 {
+		req.AddData(nl.NewRtAttr(unix.IFA_BROADCAST, broadcast(p)))
+	}
+	req.AddData(nl.NewRtAttr(ifaProto, []byte{0}))
+	if f := cur.Flags & requestFlags; f != 0 {
+		req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, nl.Uint32Attr(f)))
+	}
+	if cur.ValidLft != Forever || cur.PreferredLft != Forever {
+		ci := make([]byte, 16)
+		nl.NativeEndian().PutUint32(ci[0:], cur.PreferredLft)
+		nl.NativeEndian().PutUint32(ci[4:], cur.ValidLft)
+		req.AddData(nl.NewRtAttr(unix.IFA_CACHEINFO, ci))
+	}
+	if cur.Metric != 0 {
+		req.AddData(nl.NewRtAttr(unix.IFA_RT_PRIORITY, nl.Uint32Attr(cur.Metric)))
+	}
+	if err := h.exec(req); err != nil {
+		return false, err
+	}
+	now, err := h.addrOn(linkIndex, p)
+	if err != nil {
+		return false, err
+	}
+	return now == nil || now.Proto != Proto, nil
+}
+
 // addrOn reads the address p of the link, nil when it has none: a dump
 // of that link's addresses of p's family, which the kernel filters itself
 // on a socket with strict checking.
