@@ -36,6 +36,10 @@ type Owners struct {
 	// NodeagentEnabled: nodeagent.service is enabled, so the next boot
 	// starts it, and it takes every object of the config over again.
 	NodeagentEnabled bool
+	// PIAUnits are the units that run PIA's manual-connections scripts
+	// (the import read them, and its steps stopped them): they make the
+	// old setup's PIA tunnel again.
+	PIAUnits []string
 	// DropIns are the drop-ins of other units that name nodeagent (the
 	// k3s drop-in, 10-nodeagent.conf): their Wants= starts nodeagent again
 	// with the unit, and their ExecStartPre waits for it.
@@ -81,6 +85,9 @@ func ReadOwners(etc string, links, devices []string) Owners {
 	}
 	importer.ReadFiles(etc, &snap)
 	o := Owners{WGQuick: map[string]WGQuick{}, Files: snap.Owners, Problems: snap.Problems}
+	if snap.PIA != nil {
+		o.PIAUnits = snap.PIA.Units
+	}
 	for _, w := range snap.WGQuick {
 		if !slices.Contains(devices, w.Name) {
 			continue

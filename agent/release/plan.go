@@ -45,6 +45,9 @@ type Options struct {
 	// old owner makes them itself: that owner then starts at the next
 	// boot, not now. Nothing adopted is deleted.
 	InPlace bool
+	// PIA are the config's PIA devices (nodeagent's own tunnels, never
+	// adopted): the old setup's scripts make theirs again.
+	PIA []string
 }
 
 // Plan is what release does: the teardown's plan with the adopted
@@ -186,7 +189,16 @@ func Make(tp netcfg.Plans, d netcfg.Desired, own Owners, o Options) Plan {
 		p.Steps = append(p.Steps, fmt.Sprintf("systemctl stop %s; systemctl enable --now %s   # makes %s again", u, u, what))
 	}
 	p.Steps = append(p.Steps, m.ordered...)
-	p.Notes = append(m.notes, own.Problems...)
+	if len(o.PIA) > 0 {
+		for _, u := range own.PIAUnits {
+			p.Steps = append(p.Steps, fmt.Sprintf("systemctl enable --now %s   # PIA's manual-connections scripts make their tunnel again", u))
+		}
+	}
+	if len(d.Nft.KillSwitch) > 0 {
+		p.Notes = append(p.Notes, "the kill switch goes with nodeagent's nftables table: until the old setup's tunnel and firewall are up again, nothing holds the VLAN's forwarded traffic back from the other links")
+	}
+	p.Notes = append(p.Notes, m.notes...)
+	p.Notes = append(p.Notes, own.Problems...)
 	return p
 }
 

@@ -2,6 +2,7 @@ package release
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/dependents"
 	"github.com/nodeagent/nodeagent/netcfg/link"
+	"github.com/nodeagent/nodeagent/netcfg/nft"
 	"github.com/nodeagent/nodeagent/netcfg/owners"
 	"github.com/nodeagent/nodeagent/netcfg/route"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
@@ -143,6 +145,18 @@ func TestMakeByOwner(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"enp7s0.50", "wg0"}, p.Deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
+	}
+	// PIA's scripts' units make their tunnel again, when the config has
+	// a PIA tunnel of nodeagent's; a kill switch's going is said.
+	own.PIAUnits = []string{"pia-vpn.service"}
+	d.Nft.KillSwitch = []nft.KillSwitch{{}}
+	q := Make(tp, d, own, Options{PIA: []string{"wg-pia"}})
+	if !slices.Contains(q.Steps, "systemctl enable --now pia-vpn.service   # PIA's manual-connections scripts make their tunnel again") ||
+		!strings.Contains(strings.Join(q.Notes, "\n"), "the kill switch goes with nodeagent's nftables table") {
+		t.Errorf("with PIA's scripts' unit and a kill switch: steps %q, notes %q", q.Steps, q.Notes)
+	}
+	if p := Make(tp, d, own, Options{}); slices.ContainsFunc(p.Steps, func(s string) bool { return strings.Contains(s, "pia-vpn") }) {
+		t.Errorf("PIA's scripts are started again without a PIA tunnel in the config: %q", p.Steps)
 	}
 	// Pure: the teardown plan it was given is as it was.
 	if tp.Link.Ops[1].Kind != link.OpDeleteLink || tp.WG.Ops[1].Detail != "" || tp.Route.Ops[0].Reason != "" {

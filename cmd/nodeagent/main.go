@@ -232,13 +232,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "release":
 		opts.PortDir = filepath.Join(filepath.Dir(v.GetString("socket")), "pia")
 		work = func(ctx context.Context) error {
-			_, d, err := agent.Load(opts)
+			c, d, err := agent.Load(opts)
 			if err != nil {
 				return err
 			}
+			var piaDevs []string
+			for _, w := range c.WireGuard {
+				if w.PIA != nil {
+					piaDevs = append(piaDevs, w.Name)
+				}
+			}
 			return release.Run(ctx, stdout, release.Config{
 				Desired: d, Etc: *etc, TablesFile: opts.TablesFile, StateDir: cmp.Or(opts.StateDir, pia.DefaultStateDir), PortDir: opts.PortDir,
-				Options: release.Options{InPlace: *inPlace}, Force: *force, DryRun: *dryRun, Log: log,
+				Options: release.Options{InPlace: *inPlace, PIA: piaDevs}, Force: *force, DryRun: *dryRun, Log: log,
 			})
 		}
 	case "version":
