@@ -3,14 +3,15 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"slices"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/dependents"
 	"github.com/nodeagent/nodeagent/netcfg/host"
-	"github.com/nodeagent/nodeagent/netcfg/link"
 )
 
 // keepPods refuses a teardown that would delete a link which links of other
@@ -20,15 +21,8 @@ import (
 // addresses are not nodeagent's to remove. The operator removes the pods
 // first, or says --force.
 func keepPods(ctx context.Context, h *host.Host, p netcfg.Plans, log *slog.Logger) error {
-	names := map[int]string{}
-	var idx []int
-	for _, op := range p.Link.Ops {
-		if op.Kind == link.OpDeleteLink && op.Old.Index > 0 {
-			names[op.Old.Index] = op.Link
-			idx = append(idx, op.Old.Index)
-		}
-	}
-	deps, err := dependents.Find(ctx, h.NS(), idx)
+	names := p.Link.Deletes()
+	deps, err := dependents.Find(ctx, h.NS(), slices.Collect(maps.Keys(names)))
 	if err != nil {
 		log.Warn("not every network namespace could be searched for links on nodeagent's", "err", err)
 	}

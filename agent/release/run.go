@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 
@@ -13,7 +14,6 @@ import (
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/dependents"
 	"github.com/nodeagent/nodeagent/netcfg/host"
-	"github.com/nodeagent/nodeagent/netcfg/link"
 	"github.com/nodeagent/nodeagent/netcfg/wg"
 	"github.com/nodeagent/nodeagent/netcfg/wg/pia"
 )
@@ -145,15 +145,8 @@ func printAfter(w io.Writer, p Plan) {
 // other network namespaces (pods) sit on, as teardown refuses, naming
 // them and the ways out.
 func keepPods(ctx context.Context, h *host.Host, p Plan, inPlace bool, log *slog.Logger) error {
-	names := map[int]string{}
-	var idx []int
-	for _, op := range p.Link.Ops {
-		if op.Kind == link.OpDeleteLink && op.Old.Index > 0 {
-			names[op.Old.Index] = op.Link
-			idx = append(idx, op.Old.Index)
-		}
-	}
-	deps, err := dependents.Find(ctx, h.NS(), idx)
+	names := p.Link.Deletes()
+	deps, err := dependents.Find(ctx, h.NS(), slices.Collect(maps.Keys(names)))
 	if err != nil {
 		log.Warn("not every network namespace could be searched for links on nodeagent's", "err", err)
 	}

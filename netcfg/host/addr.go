@@ -268,22 +268,7 @@ func (h *Host) AddrUnmark(linkIndex int, p netip.Prefix) (bool, error) {
 	if err != nil || cur == nil || cur.Proto != Proto {
 		return err == nil, err
 	}
-	family := unix.AF_INET6
-	if p.Addr().Is4() {
-		family = unix.AF_INET
-	}
-	req := nl.NewNetlinkRequest(unix.RTM_NEWADDR, unix.NLM_F_REPLACE|unix.NLM_F_ACK)
-	msg := nl.NewIfAddrmsg(family)
-	msg.Index = uint32(linkIndex)
-	msg.Prefixlen = uint8(p.Bits())
-	msg.Scope = cur.Scope
-	req.AddData(msg)
-	ip := p.Addr().AsSlice()
-	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, ip))
-	req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, ip))
-	if family == unix.AF_INET && p.Bits() < 31 {
-		req.AddData(nl.NewRtAttr(unix.IFA_BROADCAST, broadcast(p)))
-	}
+	req := addrRequest(unix.RTM_NEWADDR, unix.NLM_F_REPLACE|unix.NLM_F_ACK, linkIndex, cur.Scope, p)
 	req.AddData(nl.NewRtAttr(ifaProto, []byte{0}))
 	if f := cur.Flags & requestFlags; f != 0 {
 		req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, nl.Uint32Attr(f)))
@@ -347,6 +332,16 @@ func (h *Host) AddrDel(linkIndex int, p netip.Prefix) error {
 }
 
 func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
+	req := addrRequest(typ, flags, linkIndex, 0, p)
+	if typ == unix.RTM_NEWADDR {
+		req.AddData(nl.NewRtAttr(ifaProto, []byte{Proto}))
+	}
+	return h.exec(req)
+}
+
+// addrRequest is an address message for p on the link, with its local
+// address, and its broadcast for an IPv4 prefix shorter than /31.
+func addrRequest(typ, flags, linkIndex int, scope uint8, p netip.Prefix) *nl.NetlinkRequest {
 	family := unix.AF_INET6
 	if p.Addr().Is4() {
 		family = unix.AF_INET
@@ -355,6 +350,7 @@ func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
 	msg := nl.NewIfAddrmsg(family)
 	msg.Index = uint32(linkIndex)
 	msg.Prefixlen = uint8(p.Bits())
+	msg.Scope = scope
 	req.AddData(msg)
 	ip := p.Addr().AsSlice()
 	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, ip))
@@ -362,10 +358,7 @@ func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
 	if family == unix.AF_INET && p.Bits() < 31 {
 		req.AddData(nl.NewRtAttr(unix.IFA_BROADCAST, broadcast(p)))
 	}
-	if typ == unix.RTM_NEWADDR {
-		req.AddData(nl.NewRtAttr(ifaProto, []byte{Proto}))
-	}
-	return h.exec(req)
+	return req
 }
 
 func broadcast(p netip.Prefix) []byte {

@@ -366,6 +366,18 @@ type Plan struct {
 	Observed Observed
 }
 
+// Deletes returns the links p deletes that exist, ifindex to name: what
+// links of other namespaces (pods) may sit on.
+func (p Plan) Deletes() map[int]string {
+	out := map[int]string{}
+	for _, o := range p.Ops {
+		if o.Kind == OpDeleteLink && o.Old.Index > 0 {
+			out[o.Old.Index] = o.Link
+		}
+	}
+	return out
+}
+
 // Conflicts returns the ops that cannot be applied.
 func (p Plan) Conflicts() []Op {
 	var out []Op
