@@ -45,6 +45,11 @@ func Lock(path, what string) (func(), error) {
 	if errors.Is(err, unix.EWOULDBLOCK) {
 		holder := lockHolder(fd)
 		unix.Close(fd)
+		if what != "run" && strings.HasSuffix(holder, ", run") {
+			// The daemon: the service, as a rule. A clean stop leaves
+			// the node as it is, for this command to work on.
+			return nil, fmt.Errorf("another nodeagent holds %s (%s): the daemon converges this node, and %s cannot while it runs; stop it first: systemctl stop nodeagent", path, holder, what)
+		}
 		return nil, fmt.Errorf("another nodeagent holds %s (%s); it converges this node, so this one does not", path, holder)
 	}
 	if err != nil {

@@ -2,21 +2,17 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
-	"strings"
+	"slices"
 
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/portfwd"
 	"github.com/nodeagent/nodeagent/netcfg"
 	"github.com/nodeagent/nodeagent/netcfg/dependents"
 	"github.com/nodeagent/nodeagent/netcfg/host"
-	"github.com/nodeagent/nodeagent/netcfg/link"
 )
-
-// maxListedDependents bounds the pods' links a refused teardown names.
-const maxListedDependents = 20
 
 // keepPods refuses a teardown that would delete a link which links of other
 // network namespaces sit on: pods attached to a VLAN of this node by the
@@ -25,32 +21,12 @@ const maxListedDependents = 20
 // addresses are not nodeagent's to remove. The operator removes the pods
 // first, or says --force.
 func keepPods(ctx context.Context, h *host.Host, p netcfg.Plans, log *slog.Logger) error {
-	names := map[int]string{}
-	var idx []int
-	for _, op := range p.Link.Ops {
-		if op.Kind == link.OpDeleteLink && op.Old.Index > 0 {
-			names[op.Old.Index] = op.Link
-			idx = append(idx, op.Old.Index)
-		}
-	}
-	deps, err := dependents.Find(ctx, h.NS(), idx)
+	names := p.Link.Deletes()
+	deps, err := dependents.Find(ctx, h.NS(), slices.Collect(maps.Keys(names)))
 	if err != nil {
 		log.Warn("not every network namespace could be searched for links on nodeagent's", "err", err)
 	}
-	if len(deps) == 0 {
-		return nil
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d link(s) of other network namespaces (pods) sit on links teardown would delete, and the kernel would delete them too:", len(deps))
-	for i, d := range deps {
-		if i == maxListedDependents {
-			fmt.Fprintf(&b, "\n  and %d more", len(deps)-i)
-			break
-		}
-		fmt.Fprintf(&b, "\n  %s: %s", names[d.Parent], d)
-	}
-	b.WriteString("\nremove those pods first (or their attachments, with CNI DEL), or run nodeagent teardown --force")
-	return fmt.Errorf("%s", b.String())
+	return dependents.Refusal(deps, names, "teardown", "remove those pods first (or their attachments, with CNI DEL), or run nodeagent teardown --force")
 }
 
 // removePorts removes the forwarded ports' files (o.PortDir, by default

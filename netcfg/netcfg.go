@@ -404,9 +404,7 @@ func (c *Converger) logReport(r plan.Report) {
 // were before. guard, when set, sees the plan before anything changes; an
 // error from it stops the teardown there.
 func (c *Converger) Teardown(ctx context.Context, tablesFile string, guard func(Plans) error) (Plans, error) {
-	var d Desired
-	d.Route.TablesFile = tablesFile
-	p, err := c.Plan(ctx, d)
+	p, err := c.TeardownPlan(ctx, tablesFile)
 	if err == nil && guard != nil {
 		err = guard(p)
 	}
@@ -415,7 +413,28 @@ func (c *Converger) Teardown(ctx context.Context, tablesFile string, guard func(
 		// take the kill switch away before what it protects.
 		return p, fmt.Errorf("teardown stopped before changing anything: %w", err)
 	}
+	return p, c.ExecuteTeardown(ctx, p)
+}
+
+// TeardownPlan is what Teardown would do: every object nodeagent owns,
+// removed (the plan of a config that declares nothing). An error says
+// what could not be read; that subsystem's plan is empty then.
+func (c *Converger) TeardownPlan(ctx context.Context, tablesFile string) (Plans, error) {
+	var d Desired
+	d.Route.TablesFile = tablesFile
+	return c.Plan(ctx, d)
+}
+
+// ExecuteTeardown carries out p, a TeardownPlan (or one made from it, as
+// nodeagent release makes: some removals replaced by hand-backs), in
+// Teardown's order: routes and rules, WireGuard devices, links, and the
+// nftables tables last. A step that fails stops it there, and the error
+// names what is left in place.
+func (c *Converger) ExecuteTeardown(ctx context.Context, p Plans) error {
 	snap := p.snap
+	if snap == nil {
+		snap = c.Host.Snapshot()
+	}
 	steps := []struct {
 		name  string
 		empty bool
@@ -440,12 +459,12 @@ func (c *Converger) Teardown(ctx context.Context, tablesFile string, guard func(
 				}
 			}
 			if len(left) > 0 {
-				return p, fmt.Errorf("%w\nteardown stopped at %s; left in place: %s", err, st.name, strings.Join(left, ", "))
+				return fmt.Errorf("%w\nstopped at %s; left in place: %s", err, st.name, strings.Join(left, ", "))
 			}
-			return p, err
+			return err
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // Split sorts the leaves of a sync error into objects that wait for another

@@ -54,7 +54,7 @@ firewall:
 		t.Skipf("remount read-only: %v", err)
 	}
 	_, err = cv.Teardown(context.Background(), tables, nil)
-	if err == nil || !strings.Contains(err.Error(), "teardown stopped at routes; left in place: nftables") {
+	if err == nil || !strings.Contains(err.Error(), "stopped at routes; left in place: nftables") {
 		t.Fatalf("teardown with the routing step failing: %v", err)
 	}
 	if out := node.Exec(t, "nft", "list", "tables"); !strings.Contains(out, "table inet nodeagent") {

@@ -28,7 +28,7 @@ var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute
 
 // debSteps are the acceptance steps the script in the VM reports, in order.
 var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "networkd", "garp", "nm", "oracle", "udevlink", "ifupdown", "fight", "security", "purge",
-	"foreign", "owners", "roaming", "adopt", "secrets", "fromroute", "nmform", "reboot"}
+	"foreign", "owners", "roaming", "adopt", "secrets", "fromroute", "nmform", "reboot", "release"}
 
 var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 
@@ -51,7 +51,9 @@ var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 // a remote client and a VLAN host pinging throughout), imports it, takes
 // it over and saves the root on the VM's disk; the VM reboots into it
 // (testdata/rdinit.sh), and the reboot step (testdata/steps/reboot)
-// checks the node comes up from nodeagent alone. Each step is a subtest;
+// checks the node comes up from nodeagent alone; then the release step
+// goes back to the old setup (nodeagent release, the old units started
+// again). Each step is a subtest;
 // each check in it that failed is an error.
 //
 // It runs as root with NODEAGENT_DEB_VM=1 (make test sets it): it takes

@@ -96,10 +96,11 @@ func TestTenSimultaneousStarts(t *testing.T) {
 		}
 	}
 	t.Logf("one of ten ran (pid %d); the nine others said: %s", pid, strings.TrimSpace(refused[0]))
-	// apply --once and teardown are refused too while it runs.
-	for _, args := range [][]string{{"apply", "--once", "-c", cfg}, {"teardown"}} {
+	// apply --once, teardown and release are refused too while it runs,
+	// with the fix named.
+	for _, args := range [][]string{{"apply", "--once", "-c", cfg}, {"teardown"}, {"release", "-c", cfg}} {
 		out, err := node.TryExec(append([]string{bin}, args...)...)
-		if err == nil || !strings.Contains(out, want) {
+		if err == nil || !strings.Contains(out, want) || !strings.Contains(out, "stop it first: systemctl stop nodeagent") {
 			t.Errorf("%s while the daemon runs: %v\n%s", args[0], err, out)
 		}
 	}

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/nodeagent/nodeagent/agent/api"
 	"github.com/nodeagent/nodeagent/agent/logging"
 	"github.com/nodeagent/nodeagent/agent/offline"
+	"github.com/nodeagent/nodeagent/agent/release"
 	"github.com/nodeagent/nodeagent/cmd/internal/cliflags"
 	"github.com/nodeagent/nodeagent/cmd/nodeagent/internal/earlyhup"
 	"github.com/nodeagent/nodeagent/netcfg"
@@ -57,6 +59,15 @@ Usage:
                                      it would delete (--force deletes them with it)
   nodeagent import --out DIR         write a config that adopts what this node has (VLANs, wg-quick, rules;
                                      nodeagent import --help for more)
+  nodeagent release [-c FILE] [--dry-run] [--in-place] [--force]
+                                     the way back after an adoption: hand what the config adopts
+                                     (adopt: true) back to the old setup, unmarked and running, and
+                                     remove what nodeagent made, as teardown does; what wg-quick or a
+                                     unit running ip ... add makes itself is deleted for it to make
+                                     again (--in-place: kept, for it to make at the next boot).
+                                     Prints each object, then the steps that start the old setup
+                                     again; refused, changing nothing, while pods' links sit on a link
+                                     it would delete (--force deletes them with it)
   nodeagent version                  print the version (also --version)
   nodeagent help                     this help (also -h, --help)
 
@@ -74,12 +85,22 @@ Flags:
                       env NODEAGENT_STATE_DIR); plan and validate read it
       --once          with apply: converge once and exit
       --offline       with validate: check the config alone, reading no file it names
-      --force         with teardown: delete links that other namespaces' links
-                      (pods attached by a CNI plugin) sit on; the kernel
-                      deletes those with them
-      --lock FILE     the lock that run, apply --once and teardown hold, so that
-                      two never change the node at once (default %s;
-                      env NODEAGENT_LOCK; "" for none)
+      --force         with teardown and release: delete links that other
+                      namespaces' links (pods attached by a CNI plugin) sit on;
+                      the kernel deletes those with them
+      --dry-run       with release: print what it would do and the steps after,
+                      and change nothing
+      --in-place      with release: delete nothing adopted; what wg-quick or a
+                      unit makes itself is handed back as it is, and the unit
+                      makes it at the next boot
+      --etc DIR       with release: read the old setup's files (/etc/wireguard,
+                      /etc/systemd/system, /etc/systemd/network, /etc/netplan,
+                      /etc/network/interfaces, /etc/NetworkManager, the
+                      rt_tables files) from DIR instead (default /etc)
+      --lock FILE     the lock that run, apply --once, teardown and release hold,
+                      so that two never change the node at once (default %s;
+                      env NODEAGENT_LOCK; "" for none); refused while the
+                      daemon holds it: systemctl stop nodeagent first
       --socket PATH   with run: the local API socket (default %s;
                       env NODEAGENT_SOCKET; "" for none)
       --metrics ADDR  with run: serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9477;
@@ -123,7 +144,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.String("state-dir", pia.DefaultStateDir, "state directory")
 	once := fs.Bool("once", false, "converge once and exit")
 	offlineFlag := fs.Bool("offline", false, "validate: read no file the config names")
-	force := fs.Bool("force", false, "teardown: delete links pods sit on")
+	force := fs.Bool("force", false, "teardown, release: delete links pods sit on")
+	dryRun := fs.Bool("dry-run", false, "release: print, change nothing")
+	inPlace := fs.Bool("in-place", false, "release: delete nothing adopted")
+	etc := fs.String("etc", "/etc", "release: directory standing for /etc")
 	fs.String("lock", agent.DefaultLock, "lock file")
 	fs.String("socket", api.DefaultSocket, "local API socket")
 	fs.String("metrics", "", "metrics listen address")
@@ -225,6 +249,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		opts.Force = *force
 		opts.PortDir = filepath.Join(filepath.Dir(v.GetString("socket")), "pia")
 		work = func(ctx context.Context) error { return agent.Teardown(ctx, stdout, log, opts) }
+	case "release":
+		opts.PortDir = filepath.Join(filepath.Dir(v.GetString("socket")), "pia")
+		work = func(ctx context.Context) error {
+			c, d, err := agent.Load(opts)
+			if err != nil {
+				return err
+			}
+			var piaDevs []string
+			for _, w := range c.WireGuard {
+				if w.PIA != nil {
+					piaDevs = append(piaDevs, w.Name)
+				}
+			}
+			return release.Run(ctx, stdout, release.Config{
+				Desired: d, Etc: *etc, TablesFile: opts.TablesFile, StateDir: cmp.Or(opts.StateDir, pia.DefaultStateDir), PortDir: opts.PortDir,
+				Options: release.Options{InPlace: *inPlace, PIA: piaDevs}, Force: *force, DryRun: *dryRun, Log: log,
+			})
+		}
 	case "version":
 		fmt.Fprintln(stdout, "nodeagent", version)
 		return 0
@@ -233,18 +275,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket)
 		return 2
 	}
-	if cmd == "run" || cmd == "apply" || cmd == "teardown" {
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"dry-run", *dryRun}, {"in-place", *inPlace}, {"etc", fs.Changed("etc")}} {
+		if f.set && cmd != "release" {
+			fmt.Fprintf(stderr, "nodeagent: --%s is for release only\n", f.name)
+			return 2
+		}
+	}
+	if cmd == "run" || cmd == "apply" || cmd == "teardown" || cmd == "release" {
 		if path := v.GetString("lock"); path != "" {
 			what := cmd
 			if cmd == "apply" {
 				what = "apply --once"
 			}
-			release, err := agent.Lock(path, what)
-			if err != nil {
+			unlock, err := agent.Lock(path, what)
+			switch {
+			case err != nil && cmd == "release" && *dryRun:
+				// A dry run changes nothing: it may look while the daemon
+				// runs, and says that release itself would be refused.
+				fmt.Fprintf(stderr, "nodeagent: note: %v\n", err)
+			case err != nil:
 				fmt.Fprintf(stderr, "nodeagent: %v\n", err)
 				return 1
+			default:
+				defer unlock()
 			}
-			defer release()
 		}
 	}
 	interrupted, err := runInterruptible(work, cmd == "run", stderr)

@@ -111,6 +111,49 @@ func TestCLIInNamespace(t *testing.T) {
 	}
 }
 
+// TestReleaseCLI runs the real binary's release inside a namespace: a
+// macvlan made by hand and adopted, and a shim nodeagent made; --dry-run
+// prints both and changes nothing; release hands the adopted link back
+// (there, no alias) and deletes the shim; the release flags are refused on
+// other commands.
+func TestReleaseCLI(t *testing.T) {
+	node := testenv.NewNetNS(t)
+	peer := testenv.NewNetNS(t)
+	node.Veth(t, "enp1s0", peer, "eth0")
+	bin := binary(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "nodeagent.yaml")
+	t.Setenv("NODEAGENT_RT_TABLES", filepath.Join(dir, "nodeagent.conf"))
+	node.Exec(t, "ip", "link", "add", "link", "enp1s0", "name", "old0", "type", "macvlan", "mode", "bridge")
+	os.WriteFile(cfg, []byte("dad: {disabled: true}\nmacvlans:\n  - {name: old0, parent: enp1s0, adopt: true}\n  - {name: shim0, parent: enp1s0, addresses: [10.10.50.3/24]}\n"), 0o600)
+	node.Exec(t, bin, "apply", "--once", "-c", cfg, "--state-dir", dir)
+	flags := []string{"--lock", filepath.Join(dir, "lock"), "--state-dir", dir, "--etc", filepath.Join(dir, "etc"), "--socket", filepath.Join(dir, "s.sock")}
+	out := node.Exec(t, append([]string{bin, "release", "--dry-run", "-c", cfg}, flags...)...)
+	plan := "~ link old0 (macvlan on enp1s0) hand back: unmark it; it stays as it is: nothing under /etc makes it now\n- link shim0 (macvlan on enp1s0)\n"
+	if !strings.HasPrefix(out, plan+"dry run: nothing changed\n") {
+		t.Fatalf("release --dry-run:\n%s\nwant it to begin:\n%s", out, plan)
+	}
+	if a := node.Exec(t, "cat", "/sys/class/net/old0/ifalias"); strings.TrimSpace(a) != "nodeagent" {
+		t.Fatalf("the dry run unmarked old0: %q", a)
+	}
+	out = node.Exec(t, append([]string{bin, "release", "-c", cfg}, flags...)...)
+	if !strings.HasPrefix(out, plan) || !strings.Contains(out, "\nnote: old0 (macvlan) is handed back as it is, and nothing under /etc makes it") {
+		t.Errorf("release:\n%s", out)
+	}
+	if a := node.Exec(t, "cat", "/sys/class/net/old0/ifalias"); strings.TrimSpace(a) != "" {
+		t.Errorf("old0 after release: alias %q", a)
+	}
+	if out, _ := node.TryExec("ip", "link", "show", "shim0"); !strings.Contains(out, "does not exist") {
+		t.Errorf("shim0 after release: %s", out)
+	}
+	for _, args := range [][]string{{"plan", "--dry-run"}, {"teardown", "--in-place"}, {"validate", "--etc", dir}} {
+		var o, e bytes.Buffer
+		if code := run(append(args, "-c", cfg), &o, &e); code != 2 || !strings.Contains(e.String(), "is for release only") {
+			t.Errorf("nodeagent %s: exit %d, %s", strings.Join(args, " "), code, e.String())
+		}
+	}
+}
+
 // TestManPageCoversUsage keeps docs/nodeagent.8 in step with --help: every
 // command and flag the usage names is in the man page.
 func TestManPageCoversUsage(t *testing.T) {
@@ -119,7 +162,7 @@ func TestManPageCoversUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := strings.ReplaceAll(string(man), `\-`, "-")
-	for _, word := range []string{"run", "validate", "plan", "regions", "apply --once", "teardown", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
+	for _, word := range []string{"run", "validate", "plan", "regions", "apply --once", "teardown", "release", "--dry-run", "--in-place", "--etc", "version", "--config", "--once", "--help", "NODEAGENT_CONFIG", DefaultConfig, "--rt-tables", "NODEAGENT_RT_TABLES",
 		"--socket", "NODEAGENT_SOCKET", api.DefaultSocket, "--metrics", "NODEAGENT_METRICS", "--resync", "--log-level", "NODEAGENT_LOG_LEVEL",
 		"--lock", "NODEAGENT_LOCK", agent.DefaultLock, "--offline"} {
 		if !strings.Contains(fmt.Sprintf(usage, DefaultConfig, agent.DefaultLock, api.DefaultSocket), word) {

@@ -132,6 +132,12 @@ func TestParseInvalid(t *testing.T) {
 			`nodeagent.yaml:3: wireguard[0].listenPort: 70000 is outside 0-65535`},
 		{"relative key file", "wireguard:\n  - name: wg0\n    privateKeyFile: keys/wg0.key\n",
 			`nodeagent.yaml:3: wireguard[0].privateKeyFile: "keys/wg0.key" is not an absolute path`},
+		{"shared peersDir", "wireguard:\n  - {name: wg0, peersDir: /etc/nodeagent/peers.d}\n  - {name: wg1, peersDir: /etc/nodeagent/peers.d/}\n",
+			`nodeagent.yaml:3: wireguard[1].peersDir: /etc/nodeagent/peers.d/ is also the peersDir of wireguard[0].peersDir (line 2) (a peer file there would be a peer of both): each device needs a register of its own; give each a directory of its own, side by side (/etc/nodeagent/peers.d/DEVICE)`},
+		{"peersDir inside another's", "wireguard:\n  - {name: wg0, peersDir: /etc/nodeagent/peers.d}\n  - {name: wg1, peersDir: /etc/nodeagent/peers.d/wg1}\n",
+			`nodeagent.yaml:3: wireguard[1].peersDir: /etc/nodeagent/peers.d/wg1 is inside /etc/nodeagent/peers.d, the peersDir of wireguard[0].peersDir (line 2): each device needs a register of its own`},
+		{"peersDir holding another's", "wireguard:\n  - {name: wg0, peersDir: /etc/nodeagent/peers.d/wg0}\n  - {name: wg1, peersDir: /etc/nodeagent/peers.d}\n",
+			`nodeagent.yaml:3: wireguard[1].peersDir: /etc/nodeagent/peers.d holds /etc/nodeagent/peers.d/wg0, the peersDir of wireguard[0].peersDir (line 2): each device needs a register of its own`},
 		{"bad public key", "wireguard:\n  - name: wg0\n    peers:\n      - publicKey: abc\n",
 			`nodeagent.yaml:4: wireguard[0].peers[0].publicKey: "abc" is not a WireGuard key`},
 		{"duplicate public key", "wireguard:\n  - name: wg0\n    peers:\n      - publicKey: " + testKey + "\n      - publicKey: " + testKey + "\n",
@@ -764,5 +770,16 @@ func TestPortForwardForms(t *testing.T) {
 	}
 	if pf := c.WireGuard[0].PIA.PortForward; !pf.Enabled || len(pf.OnChange) != 2 || c.WireGuard[0].PIA.DNS.For[0] != "10.10.50.0/24" {
 		t.Errorf("long form: %+v", c.WireGuard[0].PIA)
+	}
+}
+
+// TestSiblingPeersDirs: devices whose registers sit side by side in
+// peers.d (what nodeagent import writes for several) are valid, and so is
+// a name that only starts like another's directory.
+func TestSiblingPeersDirs(t *testing.T) {
+	src := "wireguard:\n  - {name: wg0, peersDir: /etc/nodeagent/peers.d/wg0}\n  - {name: wg1, peersDir: /etc/nodeagent/peers.d/wg1}\n  - {name: wg2, peersDir: /etc/nodeagent/peers.d/wg0-b}\n"
+	_, err := ParseWith("nodeagent.yaml", []byte(src), Options{SkipFileChecks: true})
+	if err != nil && strings.Contains(err.Error(), "register of its own") {
+		t.Errorf("sibling peersDirs refused:\n%v", err)
 	}
 }

@@ -210,6 +210,7 @@ func (v *validator) validate(c *Config) {
 	v.macs(c.Macvlans)
 	v.parentChains(links)
 	v.wireguard(c.WireGuard, seenAddrs)
+	v.peersDirs(c.WireGuard)
 	v.routing(c.Routing)
 	v.piaRouting(c)
 	v.firewall(c.Firewall)

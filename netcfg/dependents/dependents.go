@@ -183,3 +183,28 @@ func comm(pid int) string {
 	}
 	return " (" + strings.TrimSpace(string(b[:n])) + ")"
 }
+
+// MaxListed bounds the links a Refusal names.
+const MaxListed = 20
+
+// Refusal is the error that refuses to delete the links deps sit on:
+// what (teardown, release) would delete them, and the kernel the links
+// of deps with them. names maps the parents' ifindexes to their names;
+// fix is the error's last line, what to do instead. Nil when deps is
+// empty.
+func Refusal(deps []Link, names map[int]string, what, fix string) error {
+	if len(deps) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d link(s) of other network namespaces (pods) sit on links %s would delete, and the kernel would delete them too:", len(deps), what)
+	for i, d := range deps {
+		if i == MaxListed {
+			fmt.Fprintf(&b, "\n  and %d more", len(deps)-i)
+			break
+		}
+		fmt.Fprintf(&b, "\n  %s: %s", printable(names[d.Parent]), d)
+	}
+	b.WriteString("\n" + fix)
+	return errors.New(b.String())
+}

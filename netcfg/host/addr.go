@@ -255,6 +255,43 @@ func (h *Host) AddrReown(a Addr, inPlaceOnly bool) (inPlace bool, err error) {
 	return false, h.AddrAdd(a.LinkIndex, p)
 }
 
+// AddrUnmark takes nodeagent's IFA_PROTO mark off the address p of the
+// link, in place (one RTM_NEWADDR with NLM_F_REPLACE carrying IFA_PROTO 0
+// and the address's own flags, lifetimes and metric, so that nothing else
+// changes), and reports whether it is unmarked now: the address is read
+// back. It never deletes the address. A kernel that does not take a new
+// IFA_PROTO on a replace (IPv4 before Linux 6.4) leaves the mark, and
+// AddrUnmark says so with false and no error; an address that is gone, or
+// has no mark, is unmarked already.
+func (h *Host) AddrUnmark(linkIndex int, p netip.Prefix) (bool, error) {
+	cur, err := h.addrOn(linkIndex, p)
+	if err != nil || cur == nil || cur.Proto != Proto {
+		return err == nil, err
+	}
+	req := addrRequest(unix.RTM_NEWADDR, unix.NLM_F_REPLACE|unix.NLM_F_ACK, linkIndex, cur.Scope, p)
+	req.AddData(nl.NewRtAttr(ifaProto, []byte{0}))
+	if f := cur.Flags & requestFlags; f != 0 {
+		req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, nl.Uint32Attr(f)))
+	}
+	if cur.ValidLft != Forever || cur.PreferredLft != Forever {
+		ci := make([]byte, 16)
+		nl.NativeEndian().PutUint32(ci[0:], cur.PreferredLft)
+		nl.NativeEndian().PutUint32(ci[4:], cur.ValidLft)
+		req.AddData(nl.NewRtAttr(unix.IFA_CACHEINFO, ci))
+	}
+	if cur.Metric != 0 {
+		req.AddData(nl.NewRtAttr(unix.IFA_RT_PRIORITY, nl.Uint32Attr(cur.Metric)))
+	}
+	if err := h.exec(req); err != nil {
+		return false, err
+	}
+	now, err := h.addrOn(linkIndex, p)
+	if err != nil {
+		return false, err
+	}
+	return now == nil || now.Proto != Proto, nil
+}
+
 // addrOn reads the address p of the link, nil when it has none: a dump
 // of that link's addresses of p's family, which the kernel filters itself
 // on a socket with strict checking.
@@ -295,6 +332,16 @@ func (h *Host) AddrDel(linkIndex int, p netip.Prefix) error {
 }
 
 func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
+	req := addrRequest(typ, flags, linkIndex, 0, p)
+	if typ == unix.RTM_NEWADDR {
+		req.AddData(nl.NewRtAttr(ifaProto, []byte{Proto}))
+	}
+	return h.exec(req)
+}
+
+// addrRequest is an address message for p on the link, with its local
+// address, and its broadcast for an IPv4 prefix shorter than /31.
+func addrRequest(typ, flags, linkIndex int, scope uint8, p netip.Prefix) *nl.NetlinkRequest {
 	family := unix.AF_INET6
 	if p.Addr().Is4() {
 		family = unix.AF_INET
@@ -303,6 +350,7 @@ func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
 	msg := nl.NewIfAddrmsg(family)
 	msg.Index = uint32(linkIndex)
 	msg.Prefixlen = uint8(p.Bits())
+	msg.Scope = scope
 	req.AddData(msg)
 	ip := p.Addr().AsSlice()
 	req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, ip))
@@ -310,10 +358,7 @@ func (h *Host) addrMsg(typ, flags, linkIndex int, p netip.Prefix) error {
 	if family == unix.AF_INET && p.Bits() < 31 {
 		req.AddData(nl.NewRtAttr(unix.IFA_BROADCAST, broadcast(p)))
 	}
-	if typ == unix.RTM_NEWADDR {
-		req.AddData(nl.NewRtAttr(ifaProto, []byte{Proto}))
-	}
-	return h.exec(req)
+	return req
 }
 
 func broadcast(p netip.Prefix) []byte {

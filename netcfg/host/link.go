@@ -133,3 +133,25 @@ func (h *Host) exec(req *nl.NetlinkRequest) error {
 	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
 	return err
 }
+
+// LinkUnmark takes nodeagent's mark off the link (an empty IFLA_IFALIAS
+// removes the alias) and clears the in-flight group, in one message: the
+// link is then no one's in nodeagent's eyes and stays as it is otherwise
+// (nodeagent release hands an adopted link back this way).
+func (h *Host) LinkUnmark(index int) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte{}))
+	req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(0)))
+	if err := h.exec(req); err != nil {
+		return err
+	}
+	// Owned's memory lets it go too: a link seen as nodeagent's whose
+	// alias went would otherwise still be taken for nodeagent's.
+	h.oursMu.Lock()
+	delete(h.ours, index)
+	h.oursMu.Unlock()
+	return nil
+}

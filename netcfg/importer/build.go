@@ -129,6 +129,10 @@ type builder struct {
 	piaTables   map[int]bool
 	piaSources  []string
 	piaCredStep string
+	// peerDirs is how many devices get a peer register (peersDir): with
+	// one, it is the package's /etc/nodeagent/peers.d itself; with more,
+	// a directory of it per device.
+	peerDirs int
 }
 
 // Build turns a Snapshot into a config that adopts what the node has. It
@@ -524,6 +528,11 @@ func (b *builder) buildWireGuard() []string {
 	for _, w := range b.s.WGQuick {
 		names[w.Name] = true
 	}
+	for _, name := range sortedKeys(names) {
+		if b.wgImported(name) && len(b.wgPeers(name, devs)) > 0 {
+			b.peerDirs++
+		}
+	}
 	var lines []string
 	for _, name := range sortedKeys(names) {
 		if !b.selected(name) {
@@ -533,8 +542,7 @@ func (b *builder) buildWireGuard() []string {
 			lines = append(lines, b.piaEntry(name)...)
 			continue
 		}
-		_, inKernel := b.links[name]
-		if !inKernel && !slices.Contains(b.s.WGQuickUnits, name) && !b.only[name] {
+		if !b.wgImported(name) {
 			// A file left behind: nothing brings it up at boot. Taking it
 			// would make a new device on the first sync, not adopt one.
 			lines = append(lines, fmt.Sprintf("# /etc/wireguard/%s.conf: not up, and wg-quick@%s is not enabled: not imported (a file left", name, name),
@@ -544,6 +552,43 @@ func (b *builder) buildWireGuard() []string {
 		lines = append(lines, b.wireguard(name, devs)...)
 	}
 	return lines
+}
+
+// wgImported reports whether the device name gets an entry of its own:
+// selected, not PIA's, and up or brought up at boot (a wg-quick file left
+// behind is not imported unless --only names it).
+func (b *builder) wgImported(name string) bool {
+	if !b.selected(name) || name == b.pia {
+		return false
+	}
+	_, inKernel := b.links[name]
+	return inKernel || slices.Contains(b.s.WGQuickUnits, name) || b.only[name]
+}
+
+// wgPeers are the peers the entry of device name takes (wireguard): the
+// kernel's where they can be read, else its wg-quick file's.
+func (b *builder) wgPeers(name string, devs map[string]WGDevice) []WGPeer {
+	link, inKernel := b.links[name]
+	dev, read := devs[name]
+	inKernel = inKernel && (link.Kind == "wireguard" || link.Kind == "tun" && read)
+	switch {
+	case inKernel && read:
+		return dev.Peers
+	case inKernel:
+		return nil
+	}
+	return b.wgq[name].Peers
+}
+
+// peersDir is where device dev's peer files go, relative to the config's
+// directory: the package's peers.d (nodeagent.service may write there, for
+// nodeagentctl peer add) when one device has a register, peers.d/DEV for
+// each when several have.
+func (b *builder) peersDir(dev string) string {
+	if b.peerDirs > 1 {
+		return path.Join("peers.d", dev)
+	}
+	return "peers.d"
 }
 
 func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
@@ -643,7 +688,7 @@ func (b *builder) wireguard(name string, devs map[string]WGDevice) []string {
 		lines = append(lines, "  addresses: "+list(addrs))
 	}
 	if len(peers) > 0 {
-		lines = append(lines, "  peersDir: "+scalar(path.Join(root, "peers", name)))
+		lines = append(lines, "  peersDir: "+scalar(path.Join(root, b.peersDir(name))))
 		lines = append(lines, b.peerFiles(name, peers, wq, hasFile, !hasFile && listens(peers))...)
 	}
 	lines = append(lines, "  adopt: true")
@@ -735,7 +780,7 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile,
 		}
 		allowed := slices.Clone(p.AllowedIPs)
 		slices.SortFunc(allowed, comparePrefixStrings)
-		dir := path.Join("peers", dev)
+		dir := b.peersDir(dev)
 		if p.PresharedKey == "" {
 			var t strings.Builder
 			t.WriteString("[Peer]\n")
@@ -777,7 +822,7 @@ func (b *builder) peerFiles(dev string, peers []WGPeer, wq WGQuickFile, hasFile,
 		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) the kernel holds are not imported: no file states them and %s is a server, whose clients roam (a configured endpoint would pin each to its last address)", dev, roaming, dev))
 	}
 	if kernelEndpoints > 0 {
-		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) come from the kernel, which holds where a peer was last seen: check them in %s", dev, kernelEndpoints, path.Join(b.o.Root, "peers", dev)))
+		b.notes = append(b.notes, fmt.Sprintf("%s: %d peer endpoint(s) come from the kernel, which holds where a peer was last seen: check them in %s", dev, kernelEndpoints, path.Join(b.o.Root, b.peersDir(dev))))
 	}
 	return comments
 }
@@ -1454,7 +1499,7 @@ func (b *builder) buildSysctls() {
 func (b *builder) steps() []string {
 	root := b.o.Root
 	st := []string{
-		fmt.Sprintf("install -d -m 0755 %s && cp -a %s/* %s/   # as root: keys stay 0600, key directories 0700", root, b.o.Out, root),
+		fmt.Sprintf("install -d -m 0750 %s && cp -a %s/* %s/   # as root: keys stay 0600, key directories 0700", root, b.o.Out, root),
 	}
 	if b.piaCredStep != "" {
 		st = append(st, b.piaCredStep)

@@ -159,9 +159,15 @@ func validateInstalled(t *testing.T, s Snapshot, o Options) {
 		if len(reg.Errors) > 0 {
 			t.Errorf("%s: peersDir: %v", w.Name, reg.Errors)
 		}
+		// The peer files are those straight in its peersDir (peers.d, or
+		// peers.d/DEV when several devices have one).
+		rel, err := filepath.Rel(root, w.PeersDir)
+		if err != nil || !strings.HasPrefix(rel, "peers.d") {
+			t.Errorf("%s: peersDir %s is not the package's peers.d or a directory of it", w.Name, w.PeersDir)
+		}
 		n := 0
 		for _, f := range r.Files {
-			if strings.HasPrefix(f.Path, "peers/"+w.Name+"/") {
+			if filepath.Dir(f.Path) == rel {
 				n++
 			}
 		}

@@ -103,7 +103,7 @@ routing:
 		t.Errorf("config (-want +got):\n%s", diff)
 	}
 	wantSteps := []string{
-		"install -d -m 0755 /etc/nodeagent && cp -a /tmp/out/* /etc/nodeagent/   # as root: keys stay 0600, key directories 0700",
+		"install -d -m 0750 /etc/nodeagent && cp -a /tmp/out/* /etc/nodeagent/   # as root: keys stay 0600, key directories 0700",
 		"nodeagent validate",
 		"nodeagent plan   # expect only adoptions (~ ... adopt), nothing added or removed",
 		"systemctl disable shim50.service   # it made links nodeagent now makes; do not stop it",

@@ -91,6 +91,8 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			if err = h.LinkMark(o.Old.Index); err != nil {
 				broken[o.Link] = err
 			}
+		case OpReleaseLink:
+			err = releaseLink(h, o.Old)
 		case OpSetMAC:
 			h.Wrote(1)
 			if err = h.NL().LinkSetHardwareAddr(device(index[o.Link]), o.Desired.MAC); err == nil {
@@ -128,6 +130,23 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 	}
 	addAddrs(ctx, h, p, addrOps, index, mac, r)
 	return r
+}
+
+// releaseLink unmarks the addresses of ol that carry the mark, in place,
+// then the link itself: a failure leaves the link marked, so that a
+// second release finds it again.
+func releaseLink(h *host.Host, ol ObservedLink) error {
+	unmark, _ := releasedAddrs(ol)
+	for _, p := range unmark {
+		done, err := h.AddrUnmark(ol.Index, p)
+		if err != nil {
+			return fmt.Errorf("address %s: %w", p, err)
+		}
+		if !done {
+			return fmt.Errorf("address %s: the kernel kept the mark", p)
+		}
+	}
+	return h.LinkUnmark(ol.Index)
 }
 
 func device(index int) *netlink.Device {

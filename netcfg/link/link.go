@@ -169,6 +169,9 @@ const (
 	OpAddAddr
 	OpPending  // not applied now: waits for its parent to appear
 	OpConflict // not applied: reported as a failure for its object
+	// OpReleaseLink hands an adopted link back (nodeagent release): its
+	// mark and that of its addresses are taken off, and it stays as it is.
+	OpReleaseLink
 )
 
 // Op is one change to one object.
@@ -188,8 +191,30 @@ type Op struct {
 	// are, with why ("noprefixroute: the kernel cannot change an IPv4
 	// address's flags in place"): the plan says which.
 	Kept   []string
-	Reason string // for conflicts and recreations
+	Reason string // for conflicts and recreations; for a release, who takes it back
 	Wait   string // for pending: the parent it waits for
+}
+
+// Release is the op that hands the adopted link ol back (OpReleaseLink):
+// why says who takes it back, for the plan line.
+func Release(ol ObservedLink, why string) Op {
+	return Op{Kind: OpReleaseLink, Link: ol.Name, Old: ol, Reason: why}
+}
+
+// releasedAddrs are the addresses a release unmarks (those with the
+// mark), and those it cannot: IPv4 before Linux 6.4, where the kernel
+// takes no new IFA_PROTO in place and release deletes nothing.
+func releasedAddrs(ol ObservedLink) (unmark, kept []netip.Prefix) {
+	for _, a := range ol.Addrs {
+		switch {
+		case !a.Owned:
+		case a.Markable:
+			unmark = append(unmark, a.Prefix)
+		default:
+			kept = append(kept, a.Prefix)
+		}
+	}
+	return unmark, kept
 }
 
 // Action returns the op's plan symbol.
@@ -275,12 +300,33 @@ func (o Op) String() string {
 		default:
 			s = fmt.Sprintf("re-own %s (%s)", o.Object(), o.Reason)
 		}
+	case OpReleaseLink:
+		s = fmt.Sprintf("link %s (%s) hand back: unmark it", o.Link, describeObserved(o.Old))
+		unmark, kept := releasedAddrs(o.Old)
+		if len(unmark) > 0 {
+			s += " and its addresses " + prefixList(unmark)
+		}
+		s += "; it stays as it is"
+		if len(kept) > 0 {
+			s += fmt.Sprintf("; %s keeps the mark (the kernel changes an IPv4 address's mark in place only from Linux 6.4, and release deletes nothing)", prefixList(kept))
+		}
+		if o.Reason != "" {
+			s += ": " + o.Reason
+		}
 	case OpConflict:
 		s = fmt.Sprintf("%s: %s", o.Object(), o.Reason)
 	case OpPending:
 		s = fmt.Sprintf("%s: pending: %s", o.Object(), o.Reason)
 	}
 	return string(o.Action()) + " " + s
+}
+
+func prefixList(ps []netip.Prefix) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return strings.Join(out, ", ")
 }
 
 func upDown(up bool) string {
@@ -318,6 +364,18 @@ type Plan struct {
 	// them to find parents and to observe the result.
 	Desired  Desired
 	Observed Observed
+}
+
+// Deletes returns the links p deletes that exist, ifindex to name: what
+// links of other namespaces (pods) may sit on.
+func (p Plan) Deletes() map[int]string {
+	out := map[int]string{}
+	for _, o := range p.Ops {
+		if o.Kind == OpDeleteLink && o.Old.Index > 0 {
+			out[o.Old.Index] = o.Link
+		}
+	}
+	return out
 }
 
 // Conflicts returns the ops that cannot be applied.

@@ -1,14 +1,10 @@
 package route
 
 import (
-	"bufio"
 	"context"
 	"net/netip"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/nodeagent/nodeagent/testenv"
 	"golang.org/x/sys/unix"
@@ -30,60 +26,14 @@ func TestAdoptRuleBridge(t *testing.T) {
 	rule := Rule{Priority: 1000, Family: unix.AF_INET, From: netip.MustParsePrefix("10.10.50.0/24"), Table: 150, Action: unix.FR_ACT_TO_TBL, Suppress: -1}
 	op := Op{Kind: OpAdoptRule, Rule: rule, OldRule: ObservedRule{Rule: rule}}
 
-	mon := exec.Command("ip", "-n", ns.Name, "monitor", "rule")
-	stdout, err := mon.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mon.Process.Kill(); mon.Wait() })
-	var mu sync.Mutex
-	var lines []string
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			mu.Lock()
-			lines = append(lines, sc.Text())
-			mu.Unlock()
-		}
-	}()
-	// A marker rule, added and deleted until the monitor has printed it:
-	// it listens, and has printed everything before.
-	mark := func(table string) {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			ns.Exec(t, "ip", "rule", "add", "priority", "5", "from", "192.0.2.0/24", "table", table)
-			ns.Exec(t, "ip", "rule", "del", "priority", "5", "from", "192.0.2.0/24", "table", table)
-			time.Sleep(20 * time.Millisecond)
-			mu.Lock()
-			seen := strings.Contains(strings.Join(lines, "\n"), "lookup "+table)
-			mu.Unlock()
-			if seen {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("ip monitor rule printed no marker")
-			}
-		}
-	}
-	mark("98")
+	mon := monitorRules(t, ns)
 
 	writes := ns.Host.Writes()
 	if err := Execute(context.Background(), ns.Host.Snapshot(), Plan{Ops: []Op{op}}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	n := ns.Host.Writes() - writes
-	mark("99")
-	mu.Lock()
-	var record []string
-	for _, l := range lines {
-		if strings.Contains(l, "10.10.50.0/24") {
-			record = append(record, l)
-		}
-	}
-	mu.Unlock()
+	record := mon.stop()
 	t.Logf("bridged adoption: %d netlink writes; ip monitor rule:\n%s", n, strings.Join(record, "\n"))
 	if n != 5 {
 		t.Errorf("%d writes: want the bridge's five (ours refused, bridge added, old deleted, ours added, bridge deleted)", n)

@@ -80,6 +80,13 @@ func Execute(ctx context.Context, s *host.Snapshot, p Plan) plan.Report {
 			}
 		case OpAdoptRule:
 			err = adoptRule(h, o)
+		case OpReleaseRoute:
+			h.Wrote(1)
+			kr := toKernelRoute(o.Route, links)
+			kr.Protocol = unix.RTPROT_BOOT
+			err = h.NL().RouteReplace(kr)
+		case OpReleaseRule:
+			err = releaseRule(h, o)
 		case OpDelRule:
 			h.Wrote(1)
 			if err = h.NL().RuleDel(toKernelRule(o.Rule)); errors.Is(err, unix.ENOENT) {
@@ -119,37 +126,64 @@ func adoptRule(h *host.Host, o Op) error {
 		h.Wrote(1)
 		return ignore(h.NL().RuleDel(old), unix.ENOENT)
 	}
+	return swapRule(h, toKernelRule(o.Rule), old)
+}
+
+// releaseRule hands nodeagent's rule o.Rule back as adoptRule took it,
+// the other way round: a copy without nodeagent's protocol (0, what
+// `ip rule add` leaves) is added beside it, then nodeagent's is deleted by
+// its protocol. A copy there already (a release interrupted between the
+// two) is not added again.
+func releaseRule(h *host.Host, o Op) error {
+	free := toKernelRule(o.Rule)
+	free.Protocol = 0
+	rules, err := h.RuleList()
+	if err != nil {
+		return err
+	}
+	for _, r := range rules {
+		if int(r.Protocol) != host.Proto && fromKernelRule(r) == o.Rule {
+			h.Wrote(1)
+			return ignore(h.NL().RuleDel(toKernelRule(o.Rule)), unix.ENOENT)
+		}
+	}
+	return swapRule(h, free, toKernelRule(o.Rule))
+}
+
+// swapRule puts rule add in the place of rule del, make-before-break (see
+// adoptRule).
+func swapRule(h *host.Host, add, del *netlink.Rule) error {
 	h.Wrote(1)
-	err := h.NL().RuleAdd(toKernelRule(o.Rule))
+	err := h.NL().RuleAdd(add)
 	if err == nil {
 		h.Wrote(1)
-		return ignore(h.NL().RuleDel(old), unix.ENOENT)
+		return ignore(h.NL().RuleDel(del), unix.ENOENT)
 	}
 	if !errors.Is(err, unix.EEXIST) {
 		return err
 	}
-	if o.Rule.Priority < 1 {
-		return fmt.Errorf("the kernel refuses a second rule beside the old one, and there is no priority ahead of %d to bridge by: %w", o.Rule.Priority, err)
+	if add.Priority < 1 {
+		return fmt.Errorf("the kernel refuses a second rule beside the old one, and there is no priority ahead of %d to bridge by: %w", add.Priority, err)
 	}
-	bridge := toKernelRule(o.Rule)
+	bridge := *add
 	bridge.Priority--
 	h.Wrote(1)
-	if err := h.NL().RuleAdd(bridge); err != nil {
+	if err := h.NL().RuleAdd(&bridge); err != nil {
 		return fmt.Errorf("bridge rule at priority %d: %w", bridge.Priority, err)
 	}
 	h.Wrote(1)
-	if err := ignore(h.NL().RuleDel(old), unix.ENOENT); err != nil {
+	if err := ignore(h.NL().RuleDel(del), unix.ENOENT); err != nil {
 		// The bridge stays and does the old rule's work; the next sync
 		// adds nodeagent's rule before it deletes the bridge, an owned
 		// rule no longer desired.
 		return err
 	}
 	h.Wrote(1)
-	if err := ignore(h.NL().RuleAdd(toKernelRule(o.Rule)), unix.EEXIST); err != nil {
+	if err := ignore(h.NL().RuleAdd(add), unix.EEXIST); err != nil {
 		return err
 	}
 	h.Wrote(1)
-	return ignore(h.NL().RuleDel(bridge), unix.ENOENT)
+	return ignore(h.NL().RuleDel(&bridge), unix.ENOENT)
 }
 
 // ignore returns err unless it is one of the errnos given.

@@ -29,6 +29,12 @@ const (
 	OpRemoveTables
 	OpPending  // not applied now: waits for a device
 	OpConflict // not applied: a foreign object holds the key
+	// OpReleaseRoute hands an adopted route back (nodeagent release): it
+	// is replaced in place with protocol boot, what `ip route add` gives.
+	OpReleaseRoute
+	// OpReleaseRule hands an adopted rule back: a copy without
+	// nodeagent's protocol is added beside it, then it is deleted.
+	OpReleaseRule
 )
 
 // Op is one change to one object.
@@ -63,7 +69,7 @@ func (o Op) Object() string {
 // names one: no rule of a config has priority 0).
 func (o Op) isRule() bool {
 	switch o.Kind {
-	case OpAddRule, OpDelRule, OpAdoptRule:
+	case OpAddRule, OpDelRule, OpAdoptRule, OpReleaseRule:
 		return true
 	case OpConflict:
 		return o.Rule.Priority != 0
@@ -88,7 +94,19 @@ func (o Op) String() string {
 		}
 		return fmt.Sprintf("~ %s adopt (mark as nodeagent's)", o.Object())
 	case OpDelRule, OpDelRoute, OpRemoveTables:
+		if o.Reason != "" {
+			return "- " + o.Object() + ": " + o.Reason
+		}
 		return "- " + o.Object()
+	case OpReleaseRoute, OpReleaseRule:
+		s := fmt.Sprintf("~ %s hand back: unmark (protocol boot, as ip route add gives it), and it stays", o.Object())
+		if o.Kind == OpReleaseRule {
+			s = fmt.Sprintf("~ %s hand back: an unmarked copy (as ip rule add makes it) added beside it, then it deleted", o.Object())
+		}
+		if o.Reason != "" {
+			s += ": " + o.Reason
+		}
+		return s
 	}
 	if o.Kind == OpPending {
 		return fmt.Sprintf("! %s: pending: %s", o.Object(), o.Reason)
@@ -128,6 +146,14 @@ func (o Op) Entry() plan.Entry {
 // Report is the plan as report entries, one per op; ops that cannot be
 // applied carry their reason as the error.
 func (p Plan) Report() plan.Report { return plan.ReportOf(p.Ops) }
+
+// ReleaseRoute is the op that hands the adopted route r back
+// (OpReleaseRoute); why, when not empty, says who takes it back.
+func ReleaseRoute(r Route, why string) Op { return Op{Kind: OpReleaseRoute, Route: r, Reason: why} }
+
+// ReleaseRule is the op that hands the adopted rule r back
+// (OpReleaseRule); why, when not empty, says who takes it back.
+func ReleaseRule(r Rule, why string) Op { return Op{Kind: OpReleaseRule, Rule: r, Reason: why} }
 
 // Plan is an ordered list of ops.
 type Plan struct {

@@ -117,6 +117,8 @@ func applyDevice(h *Handle, s *host.Snapshot, all []Op, ids []int, r plan.Report
 		case OpDeleteDevice:
 			err = deleteDevice(h, o)
 			s.Deleted(o.Device)
+		case OpReleaseDevice:
+			err = releaseDevice(h, o.Old)
 		case OpCreateDevice:
 			if staged {
 				index, up = stagedIndex, true
@@ -325,6 +327,24 @@ func deleteDevice(h *Handle, o Op) error {
 		return nil
 	}
 	return err
+}
+
+// releaseDevice unmarks the addresses of od that carry the mark, in
+// place, then the device's link: a failure leaves the device marked, so
+// that a second release finds it again. (A userspace device of another
+// process, wireguard-go's, is its TUN link: unmarked the same way.)
+func releaseDevice(h *Handle, od ObservedDevice) error {
+	unmark, _ := releasedAddrs(od)
+	for _, p := range unmark {
+		done, err := h.Host.AddrUnmark(od.Index, p)
+		if err != nil {
+			return fmt.Errorf("address %s: %w", p, err)
+		}
+		if !done {
+			return fmt.Errorf("address %s: the kernel kept the mark", p)
+		}
+	}
+	return h.Host.LinkUnmark(od.Index)
 }
 
 // createDevice creates the device's link, down, and marks it; it returns

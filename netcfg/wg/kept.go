@@ -138,3 +138,18 @@ func (h *Handle) setKept(dev string, k wgtypes.Key, on bool) error {
 	}
 	return nil
 }
+
+// ForgetKept removes the record of peers kept from adoptions under
+// stateDir: nodeagent release hands the devices back, and no later sync
+// of nodeagent's is to keep peers apart on them. A missing record is no
+// error.
+func ForgetKept(stateDir string) error {
+	if stateDir == "" {
+		return nil
+	}
+	err := os.Remove(filepath.Join(stateDir, keptFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}

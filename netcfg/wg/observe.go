@@ -77,7 +77,7 @@ func Observe(ctx context.Context, h *Handle, s *host.Snapshot, d Desired) (Obser
 			}
 			od := o.Devices[name]
 			owned := a.Owned() || (!h.Host.AddrProto && od.Owned && a.Scope == 0)
-			od.Addrs = append(od.Addrs, ObservedAddr{Prefix: a.Prefix, Owned: owned})
+			od.Addrs = append(od.Addrs, ObservedAddr{Prefix: a.Prefix, Owned: owned, Markable: h.Host.AddrMarkInPlace(a.Prefix)})
 			o.Devices[name] = od
 		}
 	}

@@ -197,6 +197,9 @@ type ObservedDevice struct {
 type ObservedAddr struct {
 	Prefix netip.Prefix
 	Owned  bool
+	// Markable: the kernel changes its IFA_PROTO mark in place
+	// (host.Host.AddrMarkInPlace).
+	Markable bool
 }
 
 // ObservedPeer is one peer as the device has it.
@@ -257,6 +260,10 @@ const (
 	OpKeepPeer   // an adoption keeps a kernel peer the register lacks, and records it
 	OpForgetPeer // a kept peer joined the register or left the kernel: no longer kept apart
 	OpFail       // not applied: reported (conflict, pending, skipped peer)
+	// OpReleaseDevice hands an adopted device back (nodeagent release):
+	// its mark and that of its addresses are taken off, and it stays as
+	// it is, peers and all.
+	OpReleaseDevice
 )
 
 // Op is one change to one object.
@@ -370,6 +377,16 @@ func (o Op) text(s string) string {
 		s += " kept (in the kernel, not in the register: the adoption leaves it as it is, and nodeagent never removes it; add its file to the register to manage it, or remove it with wg set)"
 	case OpForgetPeer:
 		s += " no longer kept apart"
+	case OpReleaseDevice:
+		s += fmt.Sprintf(" (%s) hand back: unmark it", o.Old.Impl)
+		unmark, kept := releasedAddrs(o.Old)
+		if len(unmark) > 0 {
+			s += " and its addresses " + prefixList(unmark)
+		}
+		s += "; it stays as it is, peers and all"
+		if len(kept) > 0 {
+			s += fmt.Sprintf("; %s keeps the mark (the kernel changes an IPv4 address's mark in place only from Linux 6.4, and release deletes nothing)", prefixList(kept))
+		}
 	}
 	if o.Detail != "" {
 		s += ": " + o.Detail
@@ -481,4 +498,34 @@ func sortPrefixes(ps []netip.Prefix) {
 		}
 		return a.Bits() - b.Bits()
 	})
+}
+
+// Release is the op that hands the adopted device od back
+// (OpReleaseDevice); why, when not empty, says who takes it back.
+func Release(od ObservedDevice, why string) Op {
+	return Op{Kind: OpReleaseDevice, Device: od.Name, Old: od, Detail: why}
+}
+
+// releasedAddrs are the addresses a release unmarks (those with the
+// mark), and those it cannot: IPv4 before Linux 6.4, where the kernel
+// takes no new IFA_PROTO in place and release deletes nothing.
+func releasedAddrs(od ObservedDevice) (unmark, kept []netip.Prefix) {
+	for _, a := range od.Addrs {
+		switch {
+		case !a.Owned:
+		case a.Markable:
+			unmark = append(unmark, a.Prefix)
+		default:
+			kept = append(kept, a.Prefix)
+		}
+	}
+	return unmark, kept
+}
+
+func prefixList(ps []netip.Prefix) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return strings.Join(out, ", ")
 }

@@ -148,7 +148,7 @@ check listed-in-notes grep -q "from 2001:db8:a::/48" /root/import.out
 check table-100-imported grep -q "^    - id: 100$" /root/import/nodeagent.yaml
 # --- item 2: the roaming client's peer file names no endpoint ---
 begin roaming
-roam_file=$(grep -l "$(echo "$roam_key" | wg pubkey)" /root/import/peers/wg-pod/* 2>/dev/null)
+roam_file=$(grep -l "$(echo "$roam_key" | wg pubkey)" /root/import/peers.d/wg-pod/* 2>/dev/null)
 echo "    its peer file: $roam_file"; sed 's/^/    | /' "$roam_file"
 check no-endpoint-imported sh -c "test -n '$roam_file' && ! grep -qi endpoint '$roam_file'"
 check port-kept grep -q "listenPort: 51821" /root/import/nodeagent.yaml
@@ -165,7 +165,7 @@ done
 begin adopt
 check import-prints-old-vlan-unit grep -q 'systemctl disable vlan50.service' /root/import.out
 check import-key-private test "$(stat -c %a /root/import/keys/wg0.key)" = 600
-check import-twenty-peer-files test "$(ls /root/import/peers/wg0 | wc -l)" = 20
+check import-twenty-peer-files test "$(ls /root/import/peers.d/wg0 | wc -l)" = 20
 cp -a /root/import/* /etc/nodeagent/
 check validates nodeagent validate
 # A peer the old setup adds after the import: the adoption keeps it.
