@@ -86,10 +86,12 @@ AllowedIPs = 10.249.0.2/32
 	for _, f := range []struct {
 		path string
 		mode os.FileMode
-	}{{"keys", 0o700 | os.ModeDir}, {"keys/natest9.key", 0o600}, {"peers/natest9", 0o700 | os.ModeDir}, {"peers/natest9/laptop.conf", 0o644}} {
+	}{{"keys", 0o700 | os.ModeDir}, {"keys/natest9.key", 0o600}, {"peers.d", 0o700 | os.ModeDir}, {"peers.d/laptop.conf", 0o644}} {
 		st, err := os.Lstat(filepath.Join(dir, f.path))
-		if err != nil || st.Mode() != f.mode {
-			t.Errorf("%s: %v, mode %v, want %v", f.path, err, st.Mode(), f.mode)
+		if err != nil {
+			t.Errorf("%s: %v", f.path, err)
+		} else if st.Mode() != f.mode {
+			t.Errorf("%s: mode %v, want %v", f.path, st.Mode(), f.mode)
 		}
 	}
 	if b, _ := os.ReadFile(cfg); !strings.Contains(string(b), "privateKeyFile: /srv/na/keys/natest9.key") {
