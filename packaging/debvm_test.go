@@ -27,8 +27,8 @@ import (
 var debVMPackages = []string{"systemd", "systemd-sysv", "udev", "dbus", "iproute2", "nftables", "kmod", "wireguard-tools", "network-manager", "tcpdump", "iputils-ping", "iptables", "ifupdown", "netplan.io"}
 
 // debSteps are the acceptance steps the script in the VM reports, in order.
-var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "networkd", "garp", "nm", "oracle", "udevlink", "ifupdown", "fight", "security", "purge",
-	"foreign", "owners", "roaming", "adopt", "secrets", "fromroute", "nmform", "reboot", "release"}
+var debSteps = []string{"install", "start", "reload", "kill", "watchdog", "metrics", "pia", "udev", "networkd", "garp", "nm", "oracle", "udevlink", "ifupdown", "fight", "netplan", "security", "purge",
+	"uninstall", "foreign", "owners", "roaming", "adopt", "secrets", "fromroute", "nmform", "reboot", "netplan-reboot", "release"}
 
 var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 
@@ -45,16 +45,20 @@ var marker = regexp.MustCompile(`@@deb:(pass|fail|score|done) ?([^@]*)@@`)
 // links (the oracle and udevlink steps, with the .network shapes of
 // netcfg/hazard/testdata/networkd and netplan's files), run ifupdown's
 // ifdown and restart over a stanza for the VLAN, and fight over the
-// VLAN's address for two minutes (the fight step). After the
-// purge, the adopt step (testdata/steps/late) sets the node up the old
-// way (an ip-link unit, wg-quick@wg0 with 20 peers, a rule and table 150,
+// VLAN's address for two minutes (the fight step), and run netplan apply
+// with a YAML matching the uplink by MAC with set-name beside the README's
+// 00-nodeagent.network (the netplan step). After the purge, the README's
+// uninstall blocks run in its order with k3s's drop-in and a pod on the
+// VLAN (the uninstall step, testdata/steps/late); then the adopt step
+// sets the node up the old way (an ip-link unit, wg-quick@wg0 with 20 peers, a rule and table 150,
 // a remote client and a VLAN host pinging throughout), imports it, takes
 // it over and saves the root on the VM's disk; the VM reboots into it
 // (testdata/rdinit.sh), and the reboot step (testdata/steps/reboot)
-// checks the node comes up from nodeagent alone; then the release step
-// goes back to the old setup (nodeagent release, the old units started
-// again). Each step is a subtest;
-// each check in it that failed is an error.
+// checks the node comes up from nodeagent alone, the netplan-reboot step
+// that networkd still leaves the README's links alone, and the release
+// step goes back to the old setup (nodeagent release, the old units
+// started again). Each step is a subtest; each check in it that failed is
+// an error.
 //
 // It runs as root with NODEAGENT_DEB_VM=1 (make test sets it): it takes
 // about fifteen minutes on two cores.
@@ -178,6 +182,8 @@ func acceptanceOverlay(t *testing.T, deb string, extra map[string]string) string
 		"etc/systemd/system/deb-acceptance.service": "testdata/deb-acceptance.service",
 		"root/deb/" + filepath.Base(deb):            deb,
 		"usr/local/sbin/vm-rdinit":                  "testdata/rdinit.sh",
+		// The README, whose blocks the steps run as written (run_block).
+		"usr/local/lib/deb-acceptance/README.md": "../README.md",
 	}
 	maps.Copy(files, extra)
 	// The neighbours' steps, sourced by the script in name order, and the

@@ -30,6 +30,26 @@ wait_for() {
 		sleep 0.5
 	done
 }
+# readme_block MARKER: the fenced block under <!-- MARKER --> in the
+# README (copied into the VM beside the steps), as written.
+README=/usr/local/lib/deb-acceptance/README.md
+readme_block() {
+	awk -v m="<!-- $1 -->" '$0 == m {f = 1; next} f == 1 && /^```/ {f = 2; next} f == 2 && /^```/ {exit} f == 2 {print}' "$README"
+}
+# run_block MARKER: run the README's block as written, stopping at its
+# first failing command. The VM is root and has no sudo: a sudo that runs
+# its command stands in for it.
+run_block() {
+	local b
+	b=$(readme_block "$1")
+	[[ -n $b ]] || { echo "no block <!-- $1 --> in $README"; return 1; }
+	if [[ ! -x /usr/local/sbin/sudo ]]; then
+		printf '#!/bin/sh\nexec "$@"\n' > /usr/local/sbin/sudo
+		chmod 0755 /usr/local/sbin/sudo
+	fi
+	printf '%s\n' "$b" | sed 's/^/    $ /'
+	bash -e -c "$b"
+}
 finish() {
 	echo "@@deb:done@@"
 	sync

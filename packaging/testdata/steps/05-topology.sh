@@ -113,3 +113,50 @@ owned_present() {
 		ip -6 route show table 150 | grep -q '^default dev wg0 proto nodeagent' &&
 		ip -6 route show table 150 | grep -q '^unreachable default'
 }
+
+# --- the netplan steps (46-netplan.sh, reboot/55-netplan.sh) ------------
+# np_links: the README walkthrough's links, which its
+# 00-nodeagent.network names.
+np_links="enp1s0.50 vlan50-shim wg-pia wg0"
+# add_item KEY ITEM: ITEM first in the top-level list KEY, indented as the
+# list's first item is; fails if there is no such list.
+add_item() {
+	awk -v k="$1:" -v item="$2" '
+		$0 == k && !done { print; if ((getline nxt) <= 0 || !match(nxt, /^ *- /)) exit 2
+			print substr(nxt, 1, RLENGTH - 2) "- " item; print nxt; done = 1; next }
+		{ print }
+		END { if (!done) exit 2 }'
+}
+# np_config FILE: FILE with the README's links added; macvlans: is made if
+# the config has none.
+np_config() {
+	local macvlan='{name: vlan50-shim, parent: enp1s0.50}'
+	{
+		if grep -q '^macvlans:$' "$1"; then
+			add_item macvlans "$macvlan" < "$1"
+		else
+			cat "$1"; printf 'macvlans:\n  - %s\n' "$macvlan"
+		fi
+	} | add_item vlans '{name: enp1s0.50, parent: enp1s0, id: 50}' |
+		add_item wireguard '{name: wg-pia, implementation: kernel, privateKeyFile: /etc/nodeagent/keys/wg-pia.key, listenPort: 51829}'
+}
+# np_verdicts: each link's SETUP in networkctl list, once networkd has
+# settled on them (none pending or configuring), as "link:setup ...".
+np_verdicts() {
+	local list deadline=$((SECONDS + 20))
+	while :; do
+		list=$(networkctl list --no-legend --no-pager 2>/dev/null)
+		awk -v links=" $np_links " 'index(links, " " $2 " ") && $5 ~ /^(pending|initialized|configuring)$/ {bad = 1} END {exit bad}' <<< "$list" && break
+		((SECONDS >= deadline)) && break
+		sleep 0.5
+	done
+	awk -v links=" $np_links " 'index(links, " " $2 " ") {printf "%s:%s ", $2, $5}' <<< "$list"
+}
+np_all_unmanaged() {
+	local v l
+	v=" $(np_verdicts)"
+	echo "networkctl list: $v"
+	for l in $np_links; do [[ $v == *" $l:unmanaged "* ]] || return 1; done
+}
+# np_file_is_readmes: the file on the node is the README's block.
+np_file_is_readmes() { diff -u <(readme_block file:/etc/systemd/network/00-nodeagent.network) /etc/systemd/network/00-nodeagent.network; }

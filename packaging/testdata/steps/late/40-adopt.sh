@@ -336,6 +336,12 @@ begin adopt
 wg show wg0 public-key > /root/adopt-wg0.pub
 # The uplink's default route, which its manager makes again at boot.
 ip -4 route show default table main > /root/adopt-uplink-routes
+# The netplan step's uplink YAML and the README's file (steps/46-netplan.sh),
+# put back for the boot after this one (reboot/55-netplan.sh).
+if [[ -d /root/netplan-carry ]]; then
+	cp -p /root/netplan-carry/50-uplink.yaml /etc/netplan/
+	cp -p /root/netplan-carry/00-nodeagent.network /etc/systemd/network/
+fi
 mkdir -p /mnt/vm
 if mount /dev/vda /mnt/vm; then
 	# tar, not cp: cp refuses to copy / into a directory under it.
